@@ -1,0 +1,70 @@
+"""Install the keep_keys fork of TorchRL: ``pip install .`` or ``pip wheel .``.
+
+The distribution is upstream's own torchrl wheel with the patch series
+applied (see ``torchrl_fork/build.py``). Its name, version and requirements
+are read from that wheel's metadata, so they are upstream's, with the local
+version label ``+keepkeys`` added.
+"""
+
+import email
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from torchrl_fork import LOCAL_VERSION  # noqa: E402
+from torchrl_fork.base import download_wheel, Pin  # noqa: E402
+from torchrl_fork.build import build_wheel  # noqa: E402
+
+EXTRA_MARKER = re.compile(r"""\s*(?:and\s+)?extra\s*==\s*["']([^"']+)["']""")
+
+
+def upstream_metadata(pin: Pin) -> email.message.Message:
+    wheel = download_wheel(pin.version, package=pin.package)
+    with zipfile.ZipFile(wheel) as archive:
+        name = f"{pin.package}-{pin.version}.dist-info/METADATA"
+        return email.message_from_bytes(archive.read(name))
+
+
+def split_requirements(metadata: email.message.Message):
+    """Upstream's Requires-Dist, as setuptools' install_requires and extras_require."""
+    install_requires, extras = [], {}
+    for requirement in metadata.get_all("Requires-Dist") or []:
+        match = EXTRA_MARKER.search(requirement)
+        if match is None:
+            install_requires.append(requirement)
+            continue
+        rest = EXTRA_MARKER.sub("", requirement).strip().rstrip(";").strip()
+        rest = re.sub(r";\s*and\s+", "; ", rest)
+        extras.setdefault(match.group(1), []).append(rest)
+    for extra in metadata.get_all("Provides-Extra") or []:
+        extras.setdefault(extra, [])
+    return install_requires, extras
+
+
+class ForkWheel(bdist_wheel):
+    """Build the patched upstream wheel instead of packaging this directory."""
+
+    def run(self):
+        build_wheel(Path(self.dist_dir))
+
+
+pin = Pin.load()
+metadata = upstream_metadata(pin)
+install_requires, extras_require = split_requirements(metadata)
+setup(
+    name=pin.package,
+    version=f"{pin.version}+{LOCAL_VERSION}",
+    description=metadata["Summary"],
+    python_requires=metadata["Requires-Python"],
+    install_requires=install_requires,
+    extras_require=extras_require,
+    packages=[],
+    py_modules=[],
+    cmdclass={"bdist_wheel": ForkWheel},
+)

@@ -1,0 +1,73 @@
+"""Check that the series is well-formed, pinned, exact and exported."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from torchrl_fork import PATCHES_DIR, QUEUE_DIR
+from torchrl_fork.base import BaseMismatch, Pin
+from torchrl_fork.queue import build_base_repo
+from torchrl_fork.series import (
+    apply_patch,
+    compare_exports,
+    export_series,
+    header_problems,
+    read_series,
+    SeriesError,
+    touched_paths,
+)
+
+
+def check_series(
+    patches_dir: Path = PATCHES_DIR,
+    queue: Path | None = QUEUE_DIR,
+    pin: Pin | None = None,
+) -> list[str]:
+    """Return every problem found, one line each; an empty list means the series is good.
+
+    The series is applied with ``git am`` (no three-way merge, and git never
+    fuzzes) onto a freshly downloaded, hash-verified base in a temporary
+    directory, then exported again: a patch that applied at an offset, or that
+    an export would write differently, shows up as a difference.
+    """
+    names = read_series(patches_dir / "series")
+    if not names:
+        return ["series: lists no patch"]
+    problems = []
+    listed = set(names)
+    for patch in sorted(patches_dir.glob("*.patch")):
+        if patch.name not in listed:
+            problems.append(f"{patch.name}: not listed in series")
+    missing = [name for name in names if not (patches_dir / name).is_file()]
+    problems += [f"{name}: listed in series but missing" for name in missing]
+    if missing:
+        return problems
+    pin = pin or Pin.load()
+    for name in names:
+        problems += header_problems(patches_dir / name)
+        for relpath in touched_paths(patches_dir / name):
+            if relpath not in pin.files:
+                problems.append(f"{name}: touches {relpath}, which the pin lacks")
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "base"
+        try:
+            build_base_repo(repo, pin)
+            for name in names:
+                apply_patch(repo, patches_dir / name)
+        except (BaseMismatch, SeriesError) as err:
+            return [*problems, str(err)]
+        export_series(repo, Path(tmp) / "fresh")
+        problems += compare_exports(patches_dir, Path(tmp) / "fresh", names)
+    if queue is not None and (queue / ".git").exists():
+        problems += _queue_problems(queue, patches_dir, names)
+    return problems
+
+
+def _queue_problems(queue: Path, patches_dir: Path, names: list[str]) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = export_series(queue, Path(tmp))
+        problems = compare_exports(
+            patches_dir, Path(tmp), sorted(set(names) | set(exported))
+        )
+    return [f"queue and patches/ differ (run 'export'): {p}" for p in problems]

@@ -1,0 +1,151 @@
+"""Read, export and check the patch series."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from torchrl_fork import PATCHES_DIR, SERIES_FILE
+from torchrl_fork.gitcmd import git, git_env
+
+BASE_TAG = "base"
+FORMAT_PATCH_OPTIONS = (
+    "--zero-commit",
+    "--no-signature",
+    "--full-index",
+    "--no-numbered",
+    "--no-renames",
+)
+AM_OPTIONS = ("--keep-non-patch", "--no-3way", "--committer-date-is-author-date")
+SUBJECT = re.compile(r"^Subject: \[PATCH\] \[[A-Z][A-Za-z]+\] \S", re.MULTILINE)
+TRAILERS = ("Bug", "Forwarded", "Last-Update")
+HUNK_ERROR = re.compile(r"error: patch failed: (?P<where>\S+)")
+
+
+class SeriesError(RuntimeError):
+    """A patch of the series is malformed or does not apply."""
+
+
+def read_series(series_file: Path = SERIES_FILE) -> list[str]:
+    """Patch file names in series order; blank lines and ``#`` comments skipped."""
+    names = []
+    for line in series_file.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    return names
+
+
+def series_paths(patches_dir: Path = PATCHES_DIR) -> list[Path]:
+    return [patches_dir / name for name in read_series(patches_dir / "series")]
+
+
+def header_problems(patch: Path) -> list[str]:
+    """What the patch's mail header and message lack, one line per problem."""
+    text = patch.read_text()
+    message = text.split("\n---\n", 1)[0]
+    problems = []
+    if not text.startswith("From 0000000000000000000000000000000000000000 "):
+        problems.append("not exported with --zero-commit")
+    if not SUBJECT.search(message):
+        problems.append("subject is not of the form '[PATCH] [Tag] summary'")
+    for trailer in TRAILERS:
+        if not re.search(rf"^{trailer}: \S", message, re.MULTILINE):
+            problems.append(f"missing the '{trailer}:' trailer")
+    if re.search(r"^-- \n", text, re.MULTILINE):
+        problems.append("carries a signature; export with --no-signature")
+    return [f"{patch.name}: {problem}" for problem in problems]
+
+
+def touched_paths(patch: Path) -> list[str]:
+    """Upstream-relative paths that ``patch`` modifies (new files excluded)."""
+    paths = []
+    for block in patch.read_text().split("\ndiff --git ")[1:]:
+        header = block.split("\n@@", 1)[0]
+        if "\nnew file mode" in header:
+            continue
+        match = re.search(r"^--- a/(\S+)$", header, re.MULTILINE)
+        if match and match.group(1) not in paths:
+            paths.append(match.group(1))
+    return paths
+
+
+def export_series(repo: Path, dest: Path, base: str = BASE_TAG) -> list[str]:
+    """Write one ``git format-patch`` file per commit after ``base`` into ``dest``.
+
+    Returns the file names in order. ``dest/series`` is rewritten, keeping its
+    leading comment block.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ("format-patch", *FORMAT_PATCH_OPTIONS, "-o", tmp, f"{base}..HEAD")
+        out = git(*args, cwd=repo).stdout
+        names = [Path(line).name for line in out.splitlines() if line.strip()]
+        for old in dest.glob("*.patch"):
+            if old.name not in names:
+                old.unlink()
+        for name in names:
+            shutil.copyfile(Path(tmp) / name, dest / name)
+    series = dest / "series"
+    comments = []
+    if series.exists():
+        for line in series.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            comments.append(line)
+    series.write_text("\n".join([*comments, *names]) + "\n")
+    return names
+
+
+def commit_tree(repo: Path, message: str, date: str) -> None:
+    """Commit everything in ``repo`` (a fresh ``git init``) and tag it as the base."""
+    env_date = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    git("init", "--quiet", "--initial-branch=main", cwd=repo)
+    git("add", "--all", "--force", cwd=repo)
+    git(
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "-m",
+        message,
+        cwd=repo,
+        env=git_env(**env_date),
+    )
+    git("tag", BASE_TAG, cwd=repo)
+
+
+def apply_patch(repo: Path, patch: Path) -> None:
+    """``git am`` one patch onto ``repo``; on failure abort and name patch and hunk."""
+    result = git("am", *AM_OPTIONS, str(patch), cwd=repo, check=False)
+    if result.returncode == 0:
+        return
+    git("am", "--abort", cwd=repo, check=False)
+    where = HUNK_ERROR.search(result.stderr)
+    detail = f"hunk at {where.group('where')}" if where else result.stderr.strip()
+    raise SeriesError(f"{patch.name} does not apply: {detail}")
+
+
+def compare_exports(expected: Path, actual: Path, names: list[str]) -> list[str]:
+    """Name each patch of ``names`` whose file in ``actual`` differs from ``expected``."""
+    problems = []
+    for name in names:
+        want = (expected / name).read_text() if (expected / name).exists() else None
+        got = (actual / name).read_text() if (actual / name).exists() else None
+        if want == got:
+            continue
+        problems.append(f"{name}: {_first_difference(want, got)}")
+    return problems
+
+
+def _first_difference(want: str | None, got: str | None) -> str:
+    if want is None or got is None:
+        return "missing from the series" if want is None else "not produced by export"
+    hunk = "header"
+    for line_want, line_got in zip(want.splitlines(), got.splitlines()):
+        if line_want.startswith("@@"):
+            hunk = line_want.split("@@")[1].strip()
+        if line_want != line_got:
+            return f"differs in hunk {hunk!r}: {line_want!r} != {line_got!r}"
+    return "differs in length"
