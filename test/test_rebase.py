@@ -1,0 +1,43 @@
+"""`rebase` reports each patch as applying, conflicting or already upstream."""
+
+import shutil
+
+import pytest
+
+from torchrl_fork import PATCHES_DIR
+from torchrl_fork.base import Pin
+from torchrl_fork.build import build_wheel
+from torchrl_fork.rebase import APPLIES, CONFLICTS, rebase_series, UPSTREAM
+from torchrl_fork.series import read_series
+
+VERSION = Pin.load().version
+
+
+def test_rebase_onto_the_base_applies_everything(tmp_path):
+    outcomes = rebase_series(VERSION, repo=tmp_path / "repo")
+    assert [o.patch for o in outcomes] == read_series()
+    assert {o.status for o in outcomes} == {APPLIES}
+
+
+def test_rebase_onto_a_release_that_has_the_series(tmp_path, monkeypatch):
+    # a "release" that already contains the series: our own patched wheel
+    patched = build_wheel(tmp_path / "dist")
+    monkeypatch.setattr("torchrl_fork.rebase.download_wheel", lambda *a, **k: patched)
+    outcomes = rebase_series(VERSION, repo=tmp_path / "repo")
+    assert {o.status for o in outcomes} == {UPSTREAM}
+
+
+def test_rebase_reports_conflicting_hunk(tmp_path):
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR, patches)
+    first = patches / read_series()[0]
+    text = first.read_text()
+    marker = "\n@@ "
+    hunk = text.index(marker, text.index("diff --git a/torchrl/"))
+    line_start = text.index("\n ", hunk + 1) + 1
+    line_end = text.index("\n", line_start)
+    first.write_text(text[:line_start] + " CONFLICT" + text[line_end:])
+    outcomes = rebase_series(VERSION, patches_dir=patches, repo=tmp_path / "repo")
+    assert outcomes[0].status == CONFLICTS
+    assert outcomes[0].detail.startswith("hunk at torchrl/")
+    assert str(outcomes[0]).startswith(f"{first.name}: conflicts (hunk at torchrl/")
