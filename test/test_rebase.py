@@ -2,8 +2,6 @@
 
 import shutil
 
-import pytest
-
 from torchrl_fork import PATCHES_DIR
 from torchrl_fork.base import Pin
 from torchrl_fork.build import build_wheel

@@ -15,7 +15,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from torchrl_fork import PATCHES_DIR, QUEUE_DIR
+from torchrl_fork import QUEUE_DIR
 from torchrl_fork.gitcmd import git, git_blob
 from torchrl_fork.series import BASE_TAG
 
@@ -53,7 +53,9 @@ def findings(tool: str, root: Path, paths: list[str]) -> Counter[str]:
         return Counter()
     if tool == "pyupgrade":
         return _pyupgrade(root, paths)
-    result = subprocess.run(TOOLS[tool](paths), cwd=root, capture_output=True, text=True)
+    result = subprocess.run(
+        TOOLS[tool](paths), cwd=root, capture_output=True, text=True
+    )
     output = (result.stdout + result.stderr).replace(f"{root}/", "")
     lines = [line for line in output.splitlines() if "\u2728" not in line]
     if tool == "pydocstyle":
