@@ -7,7 +7,7 @@ import pytest
 
 from torchrl_fork import PATCHES_DIR, QUEUE_DIR
 from torchrl_fork.check import check_series
-from torchrl_fork.series import header_problems, read_series, touched_paths
+from torchrl_fork.series import header_problems, read_series, upstream_paths
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_unpinned_file_is_reported(patches):
     from torchrl_fork.base import Pin
 
     pin = Pin.load()
-    touched = touched_paths(_first_patch(patches))[0]
+    touched = next(iter(upstream_paths([_first_patch(patches)])))
     files = {k: v for k, v in pin.files.items() if k != touched}
     problems = check_series(
         patches, queue=None, pin=Pin(pin.package, pin.version, pin.git_tag, files)

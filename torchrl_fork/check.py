@@ -15,7 +15,7 @@ from torchrl_fork.series import (
     header_problems,
     read_series,
     SeriesError,
-    touched_paths,
+    upstream_paths,
 )
 
 
@@ -46,9 +46,10 @@ def check_series(
     pin = pin or Pin.load()
     for name in names:
         problems += header_problems(patches_dir / name)
-        for relpath in touched_paths(patches_dir / name):
-            if relpath not in pin.files:
-                problems.append(f"{name}: touches {relpath}, which the pin lacks")
+    touched = upstream_paths([patches_dir / name for name in names])
+    for relpath, name in touched.items():
+        if relpath not in pin.files:
+            problems.append(f"{name}: touches {relpath}, which the pin lacks")
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "base"
         try:

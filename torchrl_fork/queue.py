@@ -15,7 +15,7 @@ from torchrl_fork.series import (
     commit_tree,
     export_series,
     series_paths,
-    touched_paths,
+    upstream_paths,
 )
 
 #: Author date of the pristine commit; fixed so that every import is identical.
@@ -64,10 +64,8 @@ def export_queue(
         raise RuntimeError(f"{repo} has uncommitted changes; commit them first")
     names = export_series(repo, patches_dir)
     pin = Pin.load(pin_file)
-    files = {}
-    for name in names:
-        for relpath in touched_paths(patches_dir / name):
-            files[relpath] = _base_sha256(repo, relpath)
+    patches = [patches_dir / name for name in names]
+    files = {path: _base_sha256(repo, path) for path in upstream_paths(patches)}
     Pin(pin.package, pin.version, pin.git_tag, files).save(pin_file)
     return names
 

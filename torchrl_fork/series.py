@@ -59,16 +59,29 @@ def header_problems(patch: Path) -> list[str]:
     return [f"{patch.name}: {problem}" for problem in problems]
 
 
-def touched_paths(patch: Path) -> list[str]:
-    """Upstream-relative paths that ``patch`` modifies (new files excluded)."""
-    paths = []
-    for block in patch.read_text().split("\ndiff --git ")[1:]:
-        header = block.split("\n@@", 1)[0]
-        if "\nnew file mode" in header:
-            continue
-        match = re.search(r"^--- a/(\S+)$", header, re.MULTILINE)
-        if match and match.group(1) not in paths:
-            paths.append(match.group(1))
+def _diff_headers(patch: Path) -> list[str]:
+    return [
+        block.split("\n@@", 1)[0]
+        for block in patch.read_text().split("\ndiff --git ")[1:]
+    ]
+
+
+def upstream_paths(patches: list[Path]) -> dict[str, str]:
+    """Upstream files that the series modifies, each with the first patch touching it.
+
+    Files that a patch of the series creates are not upstream's, even when a
+    later patch modifies them.
+    """
+    created, paths = set(), {}
+    for patch in patches:
+        for header in _diff_headers(patch):
+            target = re.search(r"^\+\+\+ b/(\S+)$", header, re.MULTILINE)
+            if "\nnew file mode" in header and target:
+                created.add(target.group(1))
+                continue
+            match = re.search(r"^--- a/(\S+)$", header, re.MULTILINE)
+            if match and match.group(1) not in created | set(paths):
+                paths[match.group(1)] = patch.name
     return paths
 
 
