@@ -1,14 +1,15 @@
-"""Print the keep_keys benchmark table: ``python benchmarks/report.py``.
+"""Print the keep_keys benchmark table: ``python benchmarks/report.py [--stock]``.
 
 1. Runs ``test_keep_keys_benchmarks.py`` under pytest-benchmark in this
-   environment (the fork) and turns the medians into ratios: on/off,
-   workaround/on (both with the auxiliary loss), and the extractors' share.
+   environment (the fork). Every round there times all modes of a case side
+   by side; the table gives the medians of the per-round ratios: on/off,
+   workaround/on (both with the auxiliary loss) and the extractors' share.
 2. With ``--stock``, times keep_keys-off steps of the fork and of stock
    torchrl 0.14.1 in separate processes, interleaved, on the same input.
    Stock torchrl is installed into ``build/stock-venv`` on first use; torch
    and tensordict come from this environment.
 3. Measures memory: bytes saved for backward with keep_keys on and off, and
-   whether each kept tensor shares storage with a tensor of the graph.
+   whether each kept tensor shares storage with the feature extractor's output.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import site
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,8 +31,11 @@ ROOT = HERE.parent
 STOCK_VENV = ROOT / "build" / "stock-venv"
 sys.path.insert(0, str(HERE))
 
+from keep_keys_cases import CASES, LAYOUT_CASES, MODES  # noqa: E402
 
-def run_pytest_benchmark() -> dict[str, dict[str, float]]:
+
+def run_pytest_benchmark() -> dict[str, dict]:
+    """Run the benchmarks; ``{case name: extra_info}``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         subprocess.run(
@@ -51,41 +55,14 @@ def run_pytest_benchmark() -> dict[str, dict[str, float]]:
             stdout=subprocess.DEVNULL,
         )
         data = json.loads(out.read_text())
-    medians: dict[str, dict[str, float]] = {}
-    for bench in data["benchmarks"]:
-        medians.setdefault(bench["group"], {})[bench["extra_info"]["mode"]] = bench[
-            "stats"
-        ]["median"]
-    return medians
-
-
-def extractor_share(case) -> float:
-    """Median time of the extractors' own forward + backward, over the ``on_aux`` step."""
-    from keep_keys_cases import aux_loss
-
-    def extractors_only():
-        aux_loss(case.refeaturize(case.data.clone())).backward()
-        case.module.zero_grad(set_to_none=True)
-
-    return _median_time(extractors_only), _median_time(lambda: case.step("on_aux"))
-
-
-def _median_time(fn, repeat: int = 15) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return {bench["param"]: bench["extra_info"] for bench in data["benchmarks"]}
 
 
 TIMER = """
 import json, statistics, sys, time
 sys.path.insert(0, {here!r})
-import torch, torchrl
+import torchrl
 from keep_keys_cases import CASES
-torch.set_num_threads({threads})
 out = {{"torchrl": torchrl.__version__}}
 for cls in CASES:
     case = cls()
@@ -103,8 +80,6 @@ print(json.dumps(out))
 def stock_python() -> Path:
     python = STOCK_VENV / "bin" / "python"
     if not python.exists():
-        import site
-
         subprocess.run([sys.executable, "-m", "venv", str(STOCK_VENV)], check=True)
         subprocess.run(
             [python, "-m", "pip", "install", "-q", "--no-deps", "torchrl==0.14.1"],
@@ -117,15 +92,14 @@ def stock_python() -> Path:
 
 
 def compare_with_stock(rounds: int, repeat: int) -> dict[str, float]:
-    """Median over rounds of (fork off) / (stock), processes interleaved."""
+    """Median over rounds of (fork, keep_keys off) / (stock), processes interleaved."""
     pythons = {"fork": Path(sys.executable), "stock": stock_python()}
-    code = TIMER.format(here=str(HERE), threads=torch.get_num_threads(), repeat=repeat)
+    code = TIMER.format(here=str(HERE), repeat=repeat)
     ratios: dict[str, list[float]] = {}
     versions = {}
     for i in range(rounds):
         results = {}
-        order = ["fork", "stock"] if i % 2 == 0 else ["stock", "fork"]
-        for name in order:
+        for name in ("fork", "stock") if i % 2 == 0 else ("stock", "fork"):
             out = subprocess.run(
                 [pythons[name], "-c", code],
                 check=True,
@@ -137,77 +111,114 @@ def compare_with_stock(rounds: int, repeat: int) -> dict[str, float]:
             versions[name] = results[name].pop("torchrl")
         for case, fork_time in results["fork"].items():
             ratios.setdefault(case, []).append(fork_time / results["stock"][case])
-    assert versions["stock"] == "0.14.1" and "keepkeys" in versions["fork"], versions
+    if versions["stock"] != "0.14.1" or "keepkeys" not in versions["fork"]:
+        raise RuntimeError(f"unexpected torchrl versions: {versions}")
     return {case: statistics.median(values) for case, values in ratios.items()}
 
 
+def _storage_ptr(tensor: torch.Tensor) -> int | None:
+    # outputs computed under vmap are wrappers around the real tensor
+    while torch._C._functorch.is_batchedtensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
 def memory(case) -> dict[str, object]:
-    """Bytes saved for backward, keep_keys off and on, and storage sharing of kept tensors."""
+    """Bytes saved for backward with keep_keys off and on, and storage sharing.
+
+    A kept tensor shares storage with the network's output when its data
+    pointer is the one of a tensor that a feature extractor returned.
+    """
 
     def saved_bytes(mode):
         storages = {}
 
         def pack(tensor):
-            try:
-                storage = tensor.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
-            except (RuntimeError, NotImplementedError):
-                pass  # tensors inside vmap have no storage of their own
+            ptr = _storage_ptr(tensor)
+            if ptr is not None:
+                storages[ptr] = tensor.untyped_storage().nbytes()
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             td = case.step(mode)
-        return sum(storages.values()), storages, td
+        return sum(storages.values()), td
 
-    off_bytes, _, _ = saved_bytes("off")
-    on_bytes, storages, td = saved_bytes("on")
+    outputs = set()
+
+    def record(module, args, output):
+        for key in module.out_keys:
+            ptr = _storage_ptr(output.get(key))
+            if ptr is not None:
+                outputs.add(ptr)
+
+    off_bytes, _ = saved_bytes("off")
+    hooks = [ex.register_forward_hook(record) for ex in case.extractors]
+    try:
+        on_bytes, td = saved_bytes("on")
+    finally:
+        for hook in hooks:
+            hook.remove()
     shared, copied = [], []
     for key in case.keep:
-        for place, value in ((key, td.get(key)), (("next", key), td.get(("next", key), None))):
-            if value is None:
-                continue
-            ptr = value.untyped_storage().data_ptr()
-            (shared if ptr in storages else copied).append(place)
+        for place in (key, ("next", key)):
+            value = td.get(place, None)
+            if value is not None:
+                (shared if _storage_ptr(value) in outputs else copied).append(place)
     return {"off": off_bytes, "on": on_bytes, "shared": shared, "copied": copied}
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b else "no graph"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stock", action="store_true", help="also compare with stock 0.14.1")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument(
+        "--stock", action="store_true", help="also compare with stock 0.14.1"
+    )
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
 
-    from keep_keys_cases import CASES
-
     print(
-        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, Python {platform.python_version()}"
+        f"torch {torch.__version__}, {platform.machine()}, "
+        f"{torch.get_num_threads()} thread(s), Python {platform.python_version()}"
     )
-    medians = run_pytest_benchmark()
+    results = run_pytest_benchmark()
     stock = compare_with_stock(args.rounds, args.repeat) if args.stock else {}
-    header = (
+    print(
         "| case | on/off (≤ 1.03) | workaround/on (≥ 1 + share) | extractors' share "
-        "| off/stock (≤ 1.01) | saved-for-backward on/off | kept tensors sharing storage |"
+        "| off/stock (≤ 1.01) | saved for backward, on/off | kept tensors sharing storage |"
     )
-    print(header)
     print("|" + " --- |" * 7)
     for cls in CASES:
-        case = cls()
-        m = medians[cls.name]
-        extractors, step = extractor_share(case)
-        share = extractors / step
-        mem = memory(case)
-        on_off = m["on"] / m["off"]
-        work_on = m["workaround_aux"] / m["on_aux"]
+        ratios = results[cls.name]["ratios"]
+        share = ratios["extractors' share"]
+        mem = memory(cls())
         stock_ratio = f"{stock[cls.name]:.3f}" if cls.name in stock else "not run"
         sharing = f"{len(mem['shared'])}/{len(mem['shared']) + len(mem['copied'])}"
-        if mem["copied"]:
-            sharing += f" (copied: {', '.join(map(str, mem['copied']))})"
         print(
-            f"| {cls.name} | {on_off:.3f} | {work_on:.3f} (≥ {1 + share:.3f}) | {share:.3f} "
-            f"| {stock_ratio} | {mem['on'] / max(mem['off'], 1):.3f} | {sharing} |"
+            f"| {cls.name} | {ratios['on/off']:.3f} "
+            f"| {ratios['workaround/on']:.3f} (≥ {1 + share:.3f}) | {share:.3f} "
+            f"| {stock_ratio} | {_ratio(mem['on'], mem['off'])} | {sharing} |"
         )
+    print()
+    print("| case | " + " | ".join(f"{mode} (ms)" for mode in MODES) + " |")
+    print("|" + " --- |" * (len(MODES) + 1))
+    for cls in CASES:
+        medians = results[cls.name]["median_s"]
+        cells = " | ".join(f"{medians[mode] * 1e3:.1f}" for mode in MODES)
+        print(f"| {cls.name} | {cells} |")
+    print()
+    print("| estimator path | kept tensors sharing storage with the network output |")
+    print("| --- | --- |")
+    for cls in LAYOUT_CASES:
+        mem = memory(cls())
+        total = len(mem["shared"]) + len(mem["copied"])
+        print(f"| {cls.name} | {len(mem['shared'])}/{total} |")
 
 
 if __name__ == "__main__":
