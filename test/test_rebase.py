@@ -39,3 +39,15 @@ def test_rebase_reports_conflicting_hunk(tmp_path):
     assert outcomes[0].status == CONFLICTS
     assert outcomes[0].detail.startswith("hunk at torchrl/")
     assert str(outcomes[0]).startswith(f"{first.name}: conflicts (hunk at torchrl/")
+
+
+def test_rebase_onto_a_release_that_merged_part_of_the_series(tmp_path, monkeypatch):
+    # upstream released the first three patches: they are found, the rest applies
+    names = read_series()
+    partial = tmp_path / "partial"
+    shutil.copytree(PATCHES_DIR, partial)
+    (partial / "series").write_text("\n".join(names[:3]) + "\n")
+    released = build_wheel(tmp_path / "dist", patches_dir=partial)
+    monkeypatch.setattr("torchrl_fork.rebase.download_wheel", lambda *a, **k: released)
+    outcomes = rebase_series(VERSION, repo=tmp_path / "repo")
+    assert [o.status for o in outcomes] == [UPSTREAM] * 3 + [APPLIES] * (len(names) - 3)

@@ -29,7 +29,11 @@ def git_env(**extra: str) -> dict[str, str]:
 
 
 def git(
-    *args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``git ARGS`` in ``cwd`` and return the completed process (text mode)."""
     return subprocess.run(
@@ -39,6 +43,7 @@ def git(
         check=check,
         text=True,
         capture_output=True,
+        input=input,
     )
 
 
