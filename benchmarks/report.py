@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import site
 import statistics
@@ -116,6 +117,40 @@ def compare_with_stock(rounds: int, repeat: int) -> dict[str, float]:
     return {case: statistics.median(values) for case, values in ratios.items()}
 
 
+CALLGRIND = """
+import os, sys
+from torch.utils.benchmark import Timer
+setup = (
+    "import os, sys; os.environ['RL_WARNINGS'] = '0'; sys.path.insert(0, {here!r}); "
+    "import keep_keys_cases as k; cases = [cls() for cls in k.CASES]; "
+    "[c.step('off') for c in cases]"
+)
+timer = Timer(stmt="[c.step('off') for c in cases]", setup=setup)
+print(timer.collect_callgrind(number=2, collect_baseline=False).counts(denoise=True))
+"""
+
+
+def compare_instructions() -> float:
+    """Instructions of one keep_keys-off step of every case: fork / stock.
+
+    Counted by valgrind's callgrind through ``torch.utils.benchmark``; unlike
+    time, the count does not depend on the machine's load.
+    """
+    counts = {}
+    for name, python in (("fork", Path(sys.executable)), ("stock", stock_python())):
+        # callgrind runs the interpreter found first on PATH
+        env = dict(os.environ, PATH=f"{python.parent}{os.pathsep}{os.environ['PATH']}")
+        out = subprocess.run(
+            [python, "-c", CALLGRIND.format(here=str(HERE))],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
+        counts[name] = int(out.split()[-1])
+    return counts["fork"] / counts["stock"]
+
+
 def _storage_ptr(tensor: torch.Tensor) -> int | None:
     # outputs computed under vmap are wrappers around the real tensor
     while torch._C._functorch.is_batchedtensor(tensor):
@@ -179,6 +214,11 @@ def main() -> None:
     parser.add_argument(
         "--stock", action="store_true", help="also compare with stock 0.14.1"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions, fork vs stock, with valgrind (slow)",
+    )
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
@@ -212,6 +252,9 @@ def main() -> None:
         medians = results[cls.name]["median_s"]
         cells = " | ".join(f"{medians[mode] * 1e3:.1f}" for mode in MODES)
         print(f"| {cls.name} | {cells} |")
+    if args.instructions:
+        ratio = compare_instructions()
+        print(f"\ninstructions of a keep_keys-off step, fork / stock: {ratio:.4f}")
     print()
     print("| estimator path | kept tensors sharing storage with the network output |")
     print("| --- | --- |")
