@@ -151,14 +151,14 @@ class Case:
             loss = loss + aux_loss([td[k] for k in self.keep])
         elif mode == "workaround_aux":
             loss = loss + aux_loss(self.refeaturize(td))
-        if loss.requires_grad:
-            loss.backward()
-        self.module.zero_grad(set_to_none=True)
+        self._backward(loss)
         return td
 
     def extractors_only(self):
         """The extractors' own share of the workaround: forward, aux loss, backward."""
-        loss = aux_loss(self.refeaturize(self.data.clone()))
+        self._backward(aux_loss(self.refeaturize(self.data.clone())))
+
+    def _backward(self, loss):
         if loss.requires_grad:
             loss.backward()
         self.module.zero_grad(set_to_none=True)
@@ -211,10 +211,13 @@ class DDPGCase(Case):
 class GAECase(Case):
     name = "GAE"
     keep = ["critic_feat"]
+    #: estimator options; the layout cases below set the paths they check
+    options = {}
 
     def build(self):
         critic, critic_feat = make_state_value()
-        return GAE(gamma=0.99, lmbda=0.95, value_network=critic), [critic_feat]
+        gae = GAE(gamma=0.99, lmbda=0.95, value_network=critic, **self.options)
+        return gae, [critic_feat]
 
     def run(self, td):
         self.module(td)
@@ -236,21 +239,12 @@ MODES = ["off", "on", "on_aux", "workaround_aux", "extractors"]
 
 class GAEChunkedCase(GAECase):
     name = "GAE, value_chunk_size=4"
-
-    def build(self):
-        critic, critic_feat = make_state_value()
-        gae = GAE(gamma=0.99, lmbda=0.95, value_network=critic, value_chunk_size=4)
-        return gae, [critic_feat]
+    options = {"value_chunk_size": 4}
 
 
 class GAEShiftedCase(GAECase):
     name = "GAE, shifted=True"
-
-    def build(self):
-        critic, critic_feat = make_state_value()
-        return GAE(gamma=0.99, lmbda=0.95, value_network=critic, shifted=True), [
-            critic_feat
-        ]
+    options = {"shifted": True}
 
 
 #: estimator paths whose layout is checked for storage sharing only
