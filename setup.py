@@ -3,7 +3,8 @@
 The distribution is upstream's own torchrl wheel with the patch series
 applied (see ``torchrl_fork/build.py``). Its name, version and requirements
 are read from that wheel's metadata, so they are upstream's, with the local
-version label ``+keepkeys`` added.
+version label ``+keepkeys`` added. With ``TORCHRL_FORK_BASE_WHEEL`` set to the
+path of that wheel, the build downloads nothing.
 """
 
 import email
@@ -18,16 +19,15 @@ from setuptools.command.bdist_wheel import bdist_wheel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from torchrl_fork import LOCAL_VERSION  # noqa: E402
-from torchrl_fork.base import download_wheel, Pin  # noqa: E402
+from torchrl_fork.base import Pin, verified_wheel  # noqa: E402
 from torchrl_fork.build import build_wheel  # noqa: E402
 
 EXTRA_MARKER = re.compile(r"""\s*(?:and\s+)?extra\s*==\s*["']([^"']+)["']""")
 
 
 def upstream_metadata(pin: Pin) -> email.message.Message:
-    wheel = download_wheel(pin.version, package=pin.package)
-    with zipfile.ZipFile(wheel) as archive:
-        name = f"{pin.package}-{pin.version}.dist-info/METADATA"
+    with zipfile.ZipFile(verified_wheel(pin)) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         return email.message_from_bytes(archive.read(name))
 
 
@@ -51,7 +51,7 @@ class ForkWheel(bdist_wheel):
     """Build the patched upstream wheel instead of packaging this directory."""
 
     def run(self):
-        build_wheel(Path(self.dist_dir))
+        build_wheel(Path(self.dist_dir), pin)
 
 
 pin = Pin.load()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrl_fork import PATCHES_DIR
+from torchrl_fork.base import Pin
 from torchrl_fork.series import series_paths
 
 SERIES_TESTS = Path(__file__).parent / "series"
@@ -24,7 +24,7 @@ def extract_series_tests(dest: Path = SERIES_TESTS) -> None:
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(dest.parent))
-    for patch in series_paths(PATCHES_DIR):
+    for patch in series_paths(Pin.load().patches_dir):
         subprocess.run(
             ["git", "apply", "--include=test/*", str(patch)],
             cwd=dest,

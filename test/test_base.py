@@ -1,4 +1,4 @@
-"""The pinned base: a tampered upstream file is refused before anything is written."""
+"""The pinned bases: a wheel or file that is not the pinned one is refused first."""
 
 import shutil
 import zipfile
@@ -7,10 +7,15 @@ import pytest
 
 from torchrl_fork import build as build_module, queue as queue_module
 from torchrl_fork.base import (
+    _compatible_wheel,
+    base_wheel,
+    BASE_WHEEL_ENV,
     BaseMismatch,
     download_wheel,
     extract_sources,
     Pin,
+    sha256,
+    verified_wheel,
     verify_tree,
     verify_wheel,
 )
@@ -18,7 +23,8 @@ from torchrl_fork.base import (
 
 @pytest.fixture(scope="module")
 def upstream_wheel():
-    return download_wheel(Pin.load().version)
+    pin = Pin.load()
+    return download_wheel(pin.package, pin.version)
 
 
 @pytest.fixture
@@ -35,20 +41,65 @@ def tampered_wheel(upstream_wheel, tmp_path):
     return tampered, target
 
 
-def test_pin_names_release_and_tag():
-    pin = Pin.load()
-    assert (pin.package, pin.version, pin.git_tag) == ("torchrl", "0.14.1", "v0.14.1")
-    assert pin.files, "the pin must cover the files the series touches"
+def test_bases_name_their_builds():
+    assert Pin.names() == ["fork", "main"]
+    fork, main = Pin.load("fork"), Pin.load("main")
+    assert (fork.package, fork.version) == ("torchrl", "0.14.1")
+    assert (main.package, main.version) == ("torchrl-nightly", "2026.10.27")
+    for pin in (fork, main):
+        assert pin.files, "the pin must cover the files the series touches"
+        # one wheel per supported interpreter and platform
+        assert len(pin.wheels) == len(pin.python_versions) * len(pin.platforms)
 
 
 def test_pristine_wheel_verifies(upstream_wheel):
     verify_wheel(upstream_wheel, Pin.load())
 
 
-def test_tampered_wheel_refused(tampered_wheel):
+def test_tampered_wheel_refused_naming_both_hashes(tampered_wheel):
+    wheel, _ = tampered_wheel
+    pin = Pin.load()
+    with pytest.raises(BaseMismatch) as info:
+        verify_wheel(wheel, pin)
+    message = str(info.value)
+    assert message.startswith(wheel.name)
+    assert sha256(wheel) in message and pin.wheels[wheel.name] in message
+
+
+def test_tampered_file_refused_by_name(tampered_wheel):
+    # even a wheel whose own hash were pinned is checked file by file
     wheel, target = tampered_wheel
+    pin = Pin.load()
+    pin = pin.replace(wheels={**pin.wheels, wheel.name: sha256(wheel)})
     with pytest.raises(BaseMismatch, match=target):
-        verify_wheel(wheel, Pin.load())
+        verify_wheel(wheel, pin)
+
+
+def test_unpinned_wheel_refused(upstream_wheel, tmp_path):
+    other = tmp_path / upstream_wheel.name.replace("manylinux", "otherlinux")
+    shutil.copyfile(upstream_wheel, other)
+    with pytest.raises(BaseMismatch, match="no sha256 is pinned for this wheel"):
+        verify_wheel(other, Pin.load())
+
+
+def test_wheel_at_hand(upstream_wheel, tampered_wheel, monkeypatch):
+    monkeypatch.setenv(BASE_WHEEL_ENV, str(upstream_wheel))
+    assert verified_wheel(Pin.load()) == upstream_wheel
+    monkeypatch.setenv(BASE_WHEEL_ENV, str(tampered_wheel[0]))
+    with pytest.raises(BaseMismatch):
+        verified_wheel(Pin.load())
+    monkeypatch.setenv(BASE_WHEEL_ENV, "/no/such/torchrl.whl")
+    with pytest.raises(FileNotFoundError, match=BASE_WHEEL_ENV):
+        base_wheel(Pin.load())
+
+
+def test_wheel_names_are_matched_canonically(upstream_wheel, tmp_path):
+    # pip saves torchrl-nightly as torchrl_nightly-...whl
+    nightly = tmp_path / upstream_wheel.name.replace("torchrl-", "torchrl_nightly-")
+    shutil.copyfile(upstream_wheel, nightly)
+    assert _compatible_wheel(tmp_path, "torchrl-nightly", "0.14.1") == nightly
+    assert _compatible_wheel(tmp_path, "torchrl_nightly", "0.14.1") == nightly
+    assert _compatible_wheel(tmp_path, "torchrl", "0.14.1") is None
 
 
 def test_tampered_tree_refused(upstream_wheel, tmp_path):
@@ -68,10 +119,10 @@ def test_tampered_tree_refused(upstream_wheel, tmp_path):
 def test_build_refuses_tampered_base_before_writing(
     tampered_wheel, tmp_path, monkeypatch
 ):
-    wheel, target = tampered_wheel
-    monkeypatch.setattr("torchrl_fork.base.download_wheel", lambda *a, **k: wheel)
+    wheel, _ = tampered_wheel
+    monkeypatch.setenv(BASE_WHEEL_ENV, str(wheel))
     dest = tmp_path / "dist"
-    with pytest.raises(BaseMismatch, match=target):
+    with pytest.raises(BaseMismatch, match=wheel.name):
         build_module.build_wheel(dest)
     assert not dest.exists()
 
@@ -79,12 +130,11 @@ def test_build_refuses_tampered_base_before_writing(
 def test_import_refuses_tampered_base_before_writing(
     tampered_wheel, tmp_path, monkeypatch
 ):
-    wheel, target = tampered_wheel
-    monkeypatch.setattr("torchrl_fork.base.download_wheel", lambda *a, **k: wheel)
+    wheel, _ = tampered_wheel
+    monkeypatch.setenv(BASE_WHEEL_ENV, str(wheel))
     repo = tmp_path / "queue"
     repo.mkdir()
     (repo / "keep.txt").write_text("untouched")
-    with pytest.raises(BaseMismatch, match=target):
-        queue_module.build_base_repo(repo)
+    with pytest.raises(BaseMismatch, match=wheel.name):
+        queue_module.build_base_repo(repo, Pin.load())
     assert [p.name for p in repo.iterdir()] == ["keep.txt"]
-    shutil.rmtree(repo)

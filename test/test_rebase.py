@@ -2,18 +2,22 @@
 
 import shutil
 
-from torchrl_fork import PATCHES_DIR
+import pytest
+
 from torchrl_fork.base import Pin
 from torchrl_fork.build import build_wheel
 from torchrl_fork.rebase import APPLIES, CONFLICTS, rebase_series, UPSTREAM
 from torchrl_fork.series import read_series
 
-VERSION = Pin.load().version
+PIN = Pin.load()
+VERSION = PIN.version
+PATCHES_DIR = PIN.patches_dir
+SERIES = read_series(PATCHES_DIR / "series")
 
 
 def test_rebase_onto_the_base_applies_everything(tmp_path):
     outcomes = rebase_series(VERSION, repo=tmp_path / "repo")
-    assert [o.patch for o in outcomes] == read_series()
+    assert [o.patch for o in outcomes] == SERIES
     assert {o.status for o in outcomes} == {APPLIES}
 
 
@@ -27,8 +31,8 @@ def test_rebase_onto_a_release_that_has_the_series(tmp_path, monkeypatch):
 
 def test_rebase_reports_conflicting_hunk(tmp_path):
     patches = tmp_path / "patches"
-    shutil.copytree(PATCHES_DIR, patches)
-    first = patches / read_series()[0]
+    shutil.copytree(PATCHES_DIR, patches, ignore=shutil.ignore_patterns("main"))
+    first = patches / SERIES[0]
     text = first.read_text()
     marker = "\n@@ "
     hunk = text.index(marker, text.index("diff --git a/torchrl/"))
@@ -43,11 +47,21 @@ def test_rebase_reports_conflicting_hunk(tmp_path):
 
 def test_rebase_onto_a_release_that_merged_part_of_the_series(tmp_path, monkeypatch):
     # upstream released the first three patches: they are found, the rest applies
-    names = read_series()
+    names = SERIES
     partial = tmp_path / "partial"
-    shutil.copytree(PATCHES_DIR, partial)
+    shutil.copytree(PATCHES_DIR, partial, ignore=shutil.ignore_patterns("main"))
     (partial / "series").write_text("\n".join(names[:3]) + "\n")
     released = build_wheel(tmp_path / "dist", patches_dir=partial)
     monkeypatch.setattr("torchrl_fork.rebase.download_wheel", lambda *a, **k: released)
     outcomes = rebase_series(VERSION, repo=tmp_path / "repo")
     assert [o.status for o in outcomes] == [UPSTREAM] * 3 + [APPLIES] * (len(names) - 3)
+
+
+@pytest.mark.slow
+def test_rebase_onto_the_nightly_reports_each_patch(tmp_path):
+    # torchrl-nightly's wheels are named torchrl_nightly-...: found all the same
+    outcomes = rebase_series(
+        Pin.load("main").version, package="torchrl-nightly", repo=tmp_path / "repo"
+    )
+    assert [o.patch for o in outcomes] == SERIES
+    assert {o.status for o in outcomes} <= {APPLIES, CONFLICTS, UPSTREAM}

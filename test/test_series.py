@@ -5,15 +5,23 @@ import shutil
 
 import pytest
 
-from torchrl_fork import PATCHES_DIR, QUEUE_DIR
+from torchrl_fork.base import Pin
 from torchrl_fork.check import check_series
-from torchrl_fork.series import header_problems, read_series, upstream_paths
+from torchrl_fork.series import (
+    header_problems,
+    placeholder_reason,
+    read_series,
+    series_paths,
+    upstream_paths,
+)
+
+PIN = Pin.load()
 
 
 @pytest.fixture
 def patches(tmp_path):
     dest = tmp_path / "patches"
-    shutil.copytree(PATCHES_DIR, dest)
+    shutil.copytree(PIN.patches_dir, dest, ignore=shutil.ignore_patterns("main"))
     return dest
 
 
@@ -27,16 +35,29 @@ def _edit(path, old, new, count=1):
     path.write_text(text.replace(old, new, count))
 
 
-def test_series_is_not_empty():
-    names = read_series()
+@pytest.mark.parametrize("base", Pin.names())
+def test_series_is_not_empty(base):
+    names = read_series(Pin.load(base).patches_dir / "series")
     assert names
     for name in names:
         assert re.fullmatch(r"\d{4}-[\w.-]+\.patch", name), name
 
 
-def test_real_series_checks_clean():
-    queue = QUEUE_DIR if (QUEUE_DIR / ".git").exists() else None
-    assert check_series(queue=queue) == []
+@pytest.mark.parametrize("base", Pin.names())
+def test_real_series_checks_clean(base):
+    pin = Pin.load(base)
+    assert check_series(pin, queue=pin.queue_dir) == []
+
+
+def test_upstream_series_carries_the_fork_series():
+    # the same changes, in the same order, under the same subjects
+    def subjects(pin):
+        return [
+            re.search(r"^Subject: (.*)", path.read_text(), re.M).group(1)
+            for path in series_paths(pin.patches_dir)
+        ]
+
+    assert subjects(Pin.load("main")) == subjects(PIN)
 
 
 def _corrupt_context_line(patch):
@@ -57,14 +78,14 @@ def test_check_leaves_no_tree_behind(patches, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(scratch))
     monkeypatch.setattr("tempfile.tempdir", None)
     _corrupt_context_line(_first_patch(patches))
-    assert check_series(patches, queue=None)
+    assert check_series(PIN, patches)
     assert list(scratch.iterdir()) == []
 
 
 def test_broken_hunk_names_patch_and_hunk(patches):
     patch = _first_patch(patches)
     _corrupt_context_line(patch)
-    problems = check_series(patches, queue=None)
+    problems = check_series(PIN, patches)
     assert len(problems) == 1
     assert problems[0].startswith(f"{patch.name} does not apply: hunk at torchrl/")
 
@@ -79,22 +100,54 @@ def test_offset_patch_is_reported(patches):
     start, length, new_start, new_length = map(int, match.groups())
     shifted = f"@@ -{start + 3},{length} +{new_start + 3},{new_length} @@"
     patch.write_text(text[: match.start()] + shifted + text[match.end() :])
-    problems = check_series(patches, queue=None)
+    problems = check_series(PIN, patches)
     assert any(p.startswith(patch.name) and "differs in hunk" in p for p in problems)
 
 
 @pytest.mark.parametrize("trailer", ["Bug", "Forwarded", "Last-Update"])
-def test_missing_trailer_is_reported(patches, trailer):
+def test_dep3_trailer_is_reported(patches, trailer):
     patch = _first_patch(patches)
+    _edit(patch, "\n---\n", f"\n{trailer}: not-needed\n---\n")
+    assert f"{patch.name}: carries the DEP-3 trailer '{trailer}:'" in header_problems(
+        patch
+    )
+    assert any(patch.name in p for p in check_series(PIN, patches))
+
+
+@pytest.mark.parametrize(
+    "identity,placeholder",
+    [
+        ("Jane Doe <jane.doe@pytorch.org>", False),
+        ("Jane Doe <jane@users.noreply.github.com>", False),
+        ("Jane Doe <jane@example.com>", True),
+        ("Seed maintainers <maintainers@users.noreply.a-seed.example>", True),
+        ("Jane Doe <jane@host.invalid>", True),
+        ("Jane Doe <jane@localhost>", True),
+        ("<jane.doe@pytorch.org>", True),
+        ("Jane Doe", True),
+    ],
+)
+def test_placeholder_identities(identity, placeholder):
+    assert (placeholder_reason(identity) is not None) == placeholder
+
+
+def test_check_send_requires_a_real_upstream_author(tmp_path):
+    main = Pin.load("main")
+    patches = tmp_path / "patches"
+    shutil.copytree(main.patches_dir, patches)
+    patch = patches / read_series(patches / "series")[0]
     text = patch.read_text()
-    patch.write_text(re.sub(rf"^{trailer}: .*\n", "", text, count=1, flags=re.M))
-    assert f"{patch.name}: missing the '{trailer}:' trailer" in header_problems(patch)
-    assert any(patch.name in p for p in check_series(patches, queue=None))
+    author = re.search(r"^From: .*(?:\n .*)*", text, re.M).group(0)
+    patch.write_text(text.replace(author, "From: Jane Doe <jane@example.com>", 1))
+    problems = check_series(main, patches, sending=True)
+    assert f"{patch.name}: not ready to send: jane@example.com is a placeholder" in (
+        " ".join(problems)
+    )
 
 
 def test_bad_subject_is_reported(patches):
     patch = _first_patch(patches)
-    _edit(patch, "Subject: [PATCH] [Feature] ", "Subject: [PATCH] ")
+    _edit(patch, "Subject: [PATCH] [BugFix] ", "Subject: [PATCH] ")
     assert any("subject" in p for p in header_problems(patch))
 
 
@@ -103,18 +156,13 @@ def test_unlisted_and_missing_patches_are_reported(patches):
     (patches / "series").write_text(
         (patches / "series").read_text() + "9998-missing.patch\n"
     )
-    problems = check_series(patches, queue=None)
+    problems = check_series(PIN, patches)
     assert "9999-stray.patch: not listed in series" in problems
     assert "9998-missing.patch: listed in series but missing" in problems
 
 
 def test_unpinned_file_is_reported(patches):
-    from torchrl_fork.base import Pin
-
-    pin = Pin.load()
     touched = next(iter(upstream_paths([_first_patch(patches)])))
-    files = {k: v for k, v in pin.files.items() if k != touched}
-    problems = check_series(
-        patches, queue=None, pin=Pin(pin.package, pin.version, pin.git_tag, files)
-    )
+    files = {k: v for k, v in PIN.files.items() if k != touched}
+    problems = check_series(PIN.replace(files=files), patches)
     assert any(f"touches {touched}, which the pin lacks" in p for p in problems)

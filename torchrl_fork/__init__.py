@@ -3,10 +3,7 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATCHES_DIR = ROOT / "patches"
-SERIES_FILE = PATCHES_DIR / "series"
 BUILD_DIR = ROOT / "build"
-QUEUE_DIR = BUILD_DIR / "queue"
 CACHE_DIR = BUILD_DIR / "cache"
 DIST_DIR = ROOT / "dist"
 

@@ -1,51 +1,89 @@
-"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase}``."""
+"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin}``.
+
+Every verb works on one base (``--base``, default ``fork``): ``fork`` is the
+torchrl release that the installable fork is built from, ``main`` the upstream
+build that the pull-request series targets. ``check`` checks every base.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from torchrl_fork import DIST_DIR, QUEUE_DIR
+from torchrl_fork import DIST_DIR
+from torchrl_fork.base import Pin
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchrl_fork", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
+    base = argparse.ArgumentParser(add_help=False)
+    base.add_argument("--base", choices=Pin.names(), default="fork")
     imp = verbs.add_parser(
-        "import", help="build the queue: base + one commit per patch"
+        "import", parents=[base], help="build the queue: base + one commit per patch"
     )
     imp.add_argument("--force", action="store_true", help="discard uncommitted work")
-    verbs.add_parser("export", help="write patches/ and series from the queue")
-    verbs.add_parser("check", help="verify the base and apply the series exactly")
-    verbs.add_parser("build", help=f"build the fork's wheel into {DIST_DIR.name}/")
-    rebase = verbs.add_parser("rebase", help="try the series on another release")
+    export = verbs.add_parser(
+        "export", parents=[base], help="write the series from the queue"
+    )
+    export.add_argument("--author", help="'Name <email>' of the sender (main base)")
+    export.add_argument(
+        "--draft",
+        action="store_true",
+        help="keep the commits' authors even if they are placeholders",
+    )
+    check = verbs.add_parser("check", help="verify each base and apply its series")
+    check.add_argument("--base", choices=Pin.names(), action="append")
+    check.add_argument(
+        "--send", action="store_true", help="also require a real upstream author"
+    )
+    build = verbs.add_parser("build", parents=[base], help="build the fork's wheel")
+    build.add_argument("--dest", type=Path, default=DIST_DIR)
+    rebase = verbs.add_parser("rebase", help="try the fork series on another build")
     rebase.add_argument("version", help="e.g. 0.15.0, or a nightly version")
     rebase.add_argument("--package", default="torchrl", help="e.g. torchrl-nightly")
+    verbs.add_parser(
+        "pin", parents=[base], help="pin the sha256 of every supported base wheel"
+    )
     args = parser.parse_args(argv)
 
     if args.verb == "import":
         from torchrl_fork.queue import import_queue
 
-        repo = import_queue(force=args.force)
-        print(f"queue ready in {repo}; edit, commit, then 'export'")
+        repo = import_queue(Pin.load(args.base), force=args.force)
+        print(f"queue ready in {repo}; edit, commit, then 'export --base {args.base}'")
     elif args.verb == "export":
-        from torchrl_fork.queue import export_queue
+        from torchrl_fork.queue import export_queue, SenderError
 
-        for name in export_queue():
-            print(name)
+        try:
+            names = export_queue(
+                Pin.load(args.base), author=args.author, draft=args.draft
+            )
+        except SenderError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print("\n".join(names))
     elif args.verb == "check":
         from torchrl_fork.check import check_series
 
-        problems = check_series(queue=QUEUE_DIR)
-        for problem in problems:
-            print(f"FAIL {problem}", file=sys.stderr)
-        if problems:
-            return 1
-        print("series OK: base verified, every patch applies exactly, headers complete")
+        failed = False
+        for name in args.base or Pin.names():
+            pin = Pin.load(name)
+            problems = check_series(pin, queue=pin.queue_dir, sending=args.send)
+            for problem in problems:
+                print(f"FAIL {name}: {problem}", file=sys.stderr)
+            if not problems:
+                print(
+                    f"{name}: series OK on {pin.label}: base verified, every patch "
+                    "applies exactly, headers clean"
+                )
+            failed |= bool(problems)
+        return int(failed)
     elif args.verb == "build":
         from torchrl_fork.build import build_wheel
 
-        print(build_wheel())
+        print(build_wheel(args.dest, Pin.load(args.base)))
     elif args.verb == "rebase":
         from torchrl_fork.rebase import CONFLICTS, rebase_series
 
@@ -53,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         for outcome in outcomes:
             print(outcome)
         return int(any(o.status == CONFLICTS for o in outcomes))
+    elif args.verb == "pin":
+        from torchrl_fork.base import pin_wheels
+
+        pin = pin_wheels(Pin.load(args.base))
+        pin.save()
+        print(f"{args.base}: pinned {len(pin.wheels)} wheels of {pin.label}")
     return 0
 
 

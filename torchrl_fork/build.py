@@ -1,38 +1,36 @@
-"""Build the fork's wheel: upstream's wheel for this interpreter, plus the series."""
+"""Build a fork wheel: upstream's wheel for this interpreter, plus a series."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from torchrl_fork import DIST_DIR, LOCAL_VERSION, PATCHES_DIR
+from torchrl_fork import DIST_DIR, LOCAL_VERSION
 from torchrl_fork.base import Pin, verified_wheel
 from torchrl_fork.series import series_paths
 
 
 def build_wheel(
-    dest: Path = DIST_DIR, patches_dir: Path = PATCHES_DIR, pin: Pin | None = None
+    dest: Path = DIST_DIR, pin: Pin | None = None, patches_dir: Path | None = None
 ) -> Path:
-    """Write ``torchrl-<version>+keepkeys-<tags>.whl`` into ``dest`` and return it.
+    """Write upstream's wheel, patched, with the local version ``+keepkeys`` into ``dest``.
 
-    Only ``torchrl/`` and the ``.dist-info`` directory are kept from upstream's
-    wheel; its compiled extension is carried unchanged. ``wheel pack`` writes
-    the new version into the metadata and regenerates ``RECORD``.
+    The wheel is upstream's entry for entry: only the files the series
+    changes, the version in the metadata and the ``.dist-info`` name, and the
+    ``RECORD`` that ``wheel pack`` regenerates differ. The compiled extension is
+    carried unchanged. Returns the path of the new wheel.
     """
     pin = pin or Pin.load()
     upstream = verified_wheel(pin)
-    dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         _wheel("unpack", "--dest", tmp, str(upstream))
         (unpacked,) = Path(tmp).iterdir()
-        _keep_only_package(unpacked, pin.package)
-        for patch in series_paths(patches_dir):
-            _apply_to_package(unpacked, patch, pin.package)
-        before = set(dest.glob("*.whl"))
+        for patch in series_paths(patches_dir or pin.patches_dir):
+            _apply(unpacked, patch)
+        dest.mkdir(parents=True, exist_ok=True)
         _wheel(
             "pack",
             "--local-version",
@@ -41,10 +39,8 @@ def build_wheel(
             str(dest),
             str(unpacked),
         )
-    built = sorted(set(dest.glob("*.whl")) - before) or sorted(
-        dest.glob(f"{pin.package}-{pin.version}+{LOCAL_VERSION}-*.whl")
-    )
-    return built[-1]
+    version = f"-{pin.version}-"
+    return dest / upstream.name.replace(version, f"-{pin.version}+{LOCAL_VERSION}-", 1)
 
 
 def _wheel(*args: str) -> None:
@@ -53,19 +49,12 @@ def _wheel(*args: str) -> None:
     )
 
 
-def _keep_only_package(unpacked: Path, package: str) -> None:
-    for entry in unpacked.iterdir():
-        if entry.name != package and not entry.name.endswith(".dist-info"):
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    for top_level in unpacked.glob("*.dist-info/top_level.txt"):
-        top_level.write_text(f"{package}\n")
-
-
-def _apply_to_package(unpacked: Path, patch: Path, package: str) -> None:
-    # Outside any repository, so that git applies relative to ``unpacked``.
+def _apply(unpacked: Path, patch: Path) -> None:
+    # wheels carry no tests: only the torchrl/ part applies. Outside any
+    # repository, so that git applies relative to ``unpacked``.
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(unpacked.parent))
     result = subprocess.run(
-        ["git", "apply", f"--include={package}/*", str(patch)],
+        ["git", "apply", "--include=torchrl/*", str(patch)],
         cwd=unpacked,
         env=env,
         text=True,

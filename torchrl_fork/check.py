@@ -1,18 +1,19 @@
-"""Check that the series is well-formed, pinned, exact and exported."""
+"""Check that a series is well-formed, pinned, exact and exported."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
-from torchrl_fork import PATCHES_DIR, QUEUE_DIR
 from torchrl_fork.base import BaseMismatch, Pin
-from torchrl_fork.queue import build_base_repo
+from torchrl_fork.queue import build_base_repo, UPSTREAM_BASE
 from torchrl_fork.series import (
     apply_patch,
     compare_exports,
     export_series,
     header_problems,
+    patch_author,
+    placeholder_reason,
     read_series,
     SeriesError,
     upstream_paths,
@@ -20,17 +21,20 @@ from torchrl_fork.series import (
 
 
 def check_series(
-    patches_dir: Path = PATCHES_DIR,
-    queue: Path | None = QUEUE_DIR,
-    pin: Pin | None = None,
+    pin: Pin,
+    patches_dir: Path | None = None,
+    queue: Path | None = None,
+    sending: bool = False,
 ) -> list[str]:
     """Return every problem found, one line each; an empty list means the series is good.
 
     The series is applied with ``git am`` (no three-way merge, and git never
-    fuzzes) onto a freshly downloaded, hash-verified base in a temporary
-    directory, then exported again: a patch that applied at an offset, or that
-    an export would write differently, shows up as a difference.
+    fuzzes) onto a freshly verified base in a temporary directory, then
+    exported again: a patch that applied at an offset, or that an export would
+    write differently, shows up as a difference. ``sending`` also requires the
+    upstream series to name a real author, as the pull request needs.
     """
+    patches_dir = patches_dir or pin.patches_dir
     names = read_series(patches_dir / "series")
     if not names:
         return ["series: lists no patch"]
@@ -43,9 +47,12 @@ def check_series(
     problems += [f"{name}: listed in series but missing" for name in missing]
     if missing:
         return problems
-    pin = pin or Pin.load()
     for name in names:
         problems += header_problems(patches_dir / name)
+        if sending and pin.name == UPSTREAM_BASE:
+            reason = placeholder_reason(patch_author(patches_dir / name))
+            if reason:
+                problems.append(f"{name}: not ready to send: {reason}")
     touched = upstream_paths([patches_dir / name for name in names])
     for relpath, name in touched.items():
         if relpath not in pin.files:
@@ -71,4 +78,4 @@ def _queue_problems(queue: Path, patches_dir: Path, names: list[str]) -> list[st
         problems = compare_exports(
             patches_dir, Path(tmp), sorted(set(names) | set(exported))
         )
-    return [f"queue and patches/ differ (run 'export'): {p}" for p in problems]
+    return [f"queue and series differ (run 'export'): {p}" for p in problems]

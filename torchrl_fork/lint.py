@@ -1,13 +1,15 @@
 """Run upstream's linters on the queue's patched files and report only new findings.
 
-Usage: ``python -m torchrl_fork.lint [TOOL ...]`` with TOOL among ufmt, flake8,
-pydocstyle, pyupgrade and codespell (default: all). Each file the series
+Usage: ``python -m torchrl_fork.lint [--base NAME] [TOOL ...]`` with TOOL among
+ufmt, flake8, pydocstyle, pyupgrade and codespell (default: all), on the queue
+of base NAME (default: every base whose queue exists). Each file the series
 touches is linted in the queue and, for files upstream already has, in the
 pristine base too; a finding counts only if the base does not have it.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from torchrl_fork import QUEUE_DIR
+from torchrl_fork.base import Pin
 from torchrl_fork.gitcmd import git, git_blob
 from torchrl_fork.series import BASE_TAG
 
@@ -40,7 +42,7 @@ TOOLS = {
 LINE_NUMBER = re.compile(r":\d+(:\d+)?|line \d+")
 
 
-def series_files(queue: Path = QUEUE_DIR) -> list[str]:
+def series_files(queue: Path) -> list[str]:
     """Python files that differ between the queue's base and its head."""
     out = git("diff", "--name-only", f"{BASE_TAG}..HEAD", cwd=queue).stdout
     return [p for p in out.splitlines() if p.endswith(".py")]
@@ -76,7 +78,7 @@ def _pyupgrade(root: Path, paths: list[str]) -> Counter[str]:
     return changed
 
 
-def new_findings(tool: str, queue: Path = QUEUE_DIR) -> list[str]:
+def new_findings(tool: str, queue: Path) -> list[str]:
     paths = series_files(queue)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -93,18 +95,28 @@ def new_findings(tool: str, queue: Path = QUEUE_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    tools = (argv if argv is not None else sys.argv[1:]) or list(TOOLS)
-    if not (QUEUE_DIR / ".git").exists():
-        print(f"no queue at {QUEUE_DIR}; run 'python -m torchrl_fork import'")
+    parser = argparse.ArgumentParser(prog="python -m torchrl_fork.lint")
+    parser.add_argument("--base", choices=Pin.names(), action="append")
+    parser.add_argument("tools", nargs="*", metavar="TOOL", help=", ".join(TOOLS))
+    args = parser.parse_args(argv)
+    tools = args.tools or list(TOOLS)
+    queues = [Pin.load(name).queue_dir for name in args.base or Pin.names()]
+    queues = [queue for queue in queues if (queue / ".git").exists()]
+    if not queues:
+        print("no queue to lint; run 'python -m torchrl_fork import' first")
         return 1
     status = 0
-    for tool in tools:
-        new = new_findings(tool)
-        for line in new:
-            print(f"{tool}: {line}")
-        status |= bool(new)
-    if not status:
-        print(f"{', '.join(tools)}: nothing new in {len(series_files())} files")
+    for queue in queues:
+        for tool in tools:
+            new = new_findings(tool, queue)
+            for line in new:
+                print(f"{queue.name}: {tool}: {line}")
+            status |= bool(new)
+        if not status:
+            print(
+                f"{queue.name}: {', '.join(tools)}: nothing new in "
+                f"{len(series_files(queue))} files"
+            )
     return status
 
 

@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrl_fork import BUILD_DIR, PATCHES_DIR
+from torchrl_fork import BUILD_DIR
 from torchrl_fork.base import download_wheel, extract_sources, Pin
 from torchrl_fork.gitcmd import git, git_env
 from torchrl_fork.queue import build_base_repo
@@ -43,7 +43,7 @@ class Outcome:
 def rebase_series(
     version: str,
     package: str = "torchrl",
-    patches_dir: Path = PATCHES_DIR,
+    patches_dir: Path | None = None,
     repo: Path | None = None,
 ) -> list[Outcome]:
     """Apply the series onto ``package==version`` and report each patch.
@@ -58,8 +58,9 @@ def rebase_series(
     left in ``repo`` for manual fixing.
     """
     repo = repo or BUILD_DIR / f"rebase-{package}-{version}"
-    build_base_repo(repo, Pin.load())
-    patches = series_paths(patches_dir)
+    pin = Pin.load()
+    build_base_repo(repo, pin)
+    patches = series_paths(patches_dir or pin.patches_dir)
     try:
         for patch in patches:
             apply_patch(repo, patch)
@@ -67,7 +68,7 @@ def rebase_series(
         pass  # no three-way fallback from the first patch that does not apply
     git("checkout", "--quiet", "-b", "rebased", BASE_TAG, cwd=repo)
     shutil.rmtree(repo / "torchrl")
-    extract_sources(download_wheel(version, package=package), repo, "torchrl")
+    extract_sources(download_wheel(package, version), repo)
     git("add", "--all", "--force", "torchrl", cwd=repo)
     git(
         "commit",

@@ -1,13 +1,13 @@
-"""Read, export and check the patch series."""
+"""Read, export, apply and check the patch series."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import tempfile
+from email.utils import parseaddr
 from pathlib import Path
 
-from torchrl_fork import PATCHES_DIR, SERIES_FILE
 from torchrl_fork.gitcmd import git, git_env
 
 BASE_TAG = "base"
@@ -20,15 +20,26 @@ FORMAT_PATCH_OPTIONS = (
 )
 AM_OPTIONS = ("--keep-non-patch", "--no-3way", "--committer-date-is-author-date")
 SUBJECT = re.compile(r"^Subject: \[PATCH\] \[[A-Z][A-Za-z]+\] \S", re.MULTILINE)
-TRAILERS = ("Bug", "Forwarded", "Last-Update")
+#: Debian (DEP-3) patch metadata, which pytorch/rl's commits do not carry.
+DEP3_TRAILERS = (
+    "Bug",
+    "Bug-Debian",
+    "Forwarded",
+    "Last-Update",
+    "Origin",
+    "Applied-Upstream",
+)
 HUNK_ERROR = re.compile(r"error: patch failed: (?P<where>\S+)")
+#: Domains reserved for examples and tests (RFC 2606, RFC 6761): no one can
+#: sign a CLA with an address there.
+RESERVED_DOMAINS = ("example", "invalid", "localhost", "test", "local")
 
 
 class SeriesError(RuntimeError):
     """A patch of the series is malformed or does not apply."""
 
 
-def read_series(series_file: Path = SERIES_FILE) -> list[str]:
+def read_series(series_file: Path) -> list[str]:
     """Patch file names in series order; blank lines and ``#`` comments skipped."""
     names = []
     for line in series_file.read_text().splitlines():
@@ -38,12 +49,34 @@ def read_series(series_file: Path = SERIES_FILE) -> list[str]:
     return names
 
 
-def series_paths(patches_dir: Path = PATCHES_DIR) -> list[Path]:
+def series_paths(patches_dir: Path) -> list[Path]:
     return [patches_dir / name for name in read_series(patches_dir / "series")]
 
 
+def placeholder_reason(identity: str) -> str | None:
+    """Why ``Name <email>`` cannot be a patch author upstream, or ``None``."""
+    name, email = parseaddr(identity)
+    if not name or "@" not in email:
+        return f"{identity!r} is not of the form 'Name <email>'"
+    domain = email.rsplit("@", 1)[1].lower().rstrip(".")
+    labels = domain.split(".")
+    if labels[-1] in RESERVED_DOMAINS or labels[-2:] in (
+        ["example", "com"],
+        ["example", "net"],
+        ["example", "org"],
+    ):
+        return f"{email} is a placeholder address (reserved domain {domain})"
+    return None
+
+
+def patch_author(patch: Path) -> str:
+    header = patch.read_text().split("\nSubject: ", 1)[0]
+    match = re.search(r"^From: (.*(?:\n .*)*)", header, re.MULTILINE)
+    return " ".join(match.group(1).split()) if match else ""
+
+
 def header_problems(patch: Path) -> list[str]:
-    """What the patch's mail header and message lack, one line per problem."""
+    """What the patch's mail header and message lack or should not carry."""
     text = patch.read_text()
     message = text.split("\n---\n", 1)[0]
     problems = []
@@ -51,9 +84,9 @@ def header_problems(patch: Path) -> list[str]:
         problems.append("not exported with --zero-commit")
     if not SUBJECT.search(message):
         problems.append("subject is not of the form '[PATCH] [Tag] summary'")
-    for trailer in TRAILERS:
-        if not re.search(rf"^{trailer}: \S", message, re.MULTILINE):
-            problems.append(f"missing the '{trailer}:' trailer")
+    for trailer in DEP3_TRAILERS:
+        if re.search(rf"^{trailer}: \S", message, re.MULTILINE):
+            problems.append(f"carries the DEP-3 trailer '{trailer}:'")
     if re.search(r"^-- \n", text, re.MULTILINE):
         problems.append("carries a signature; export with --no-signature")
     return [f"{patch.name}: {problem}" for problem in problems]
@@ -89,7 +122,7 @@ def export_series(repo: Path, dest: Path, base: str = BASE_TAG) -> list[str]:
     """Write one ``git format-patch`` file per commit after ``base`` into ``dest``.
 
     Returns the file names in order. ``dest/series`` is rewritten, keeping its
-    leading comment block.
+    leading comment block. Other files in ``dest`` (a nested series) are left.
     """
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
