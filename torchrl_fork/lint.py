@@ -55,6 +55,8 @@ def findings(tool: str, root: Path, paths: list[str]) -> Counter[str]:
         return Counter()
     if tool == "pyupgrade":
         return _pyupgrade(root, paths)
+    if tool == "ufmt":
+        return _ufmt(root, paths)
     result = subprocess.run(
         TOOLS[tool](paths), cwd=root, capture_output=True, text=True
     )
@@ -64,6 +66,25 @@ def findings(tool: str, root: Path, paths: list[str]) -> Counter[str]:
         # pydocstyle prints "path:line in ..." then the code on the next line
         lines = [a + b for a, b in zip(lines[::2], lines[1::2])]
     return Counter(LINE_NUMBER.sub("", line).strip() for line in lines if line.strip())
+
+
+#: upstream's pyproject.toml setting: usort sorts without guessing first-party
+#: packages, so a file sorts the same wherever it lies
+USORT_CONFIG = "[tool.usort]\nfirst_party_detection = false\n"
+
+
+def _ufmt(root: Path, paths: list[str]) -> Counter[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pyproject.toml").write_text(USORT_CONFIG)
+        for path in paths:
+            (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / path).write_bytes((root / path).read_bytes())
+        result = subprocess.run(
+            TOOLS["ufmt"](paths), cwd=tmp, capture_output=True, text=True
+        )
+        output = (result.stdout + result.stderr).replace(f"{tmp}/", "")
+    lines = [line for line in output.splitlines() if "\u2728" not in line]
+    return Counter(line.strip() for line in lines if line.strip())
 
 
 def _pyupgrade(root: Path, paths: list[str]) -> Counter[str]:
