@@ -1,4 +1,4 @@
-"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin}``.
+"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin,tests}``.
 
 Every verb works on one base (``--base``, default ``fork``): ``fork`` is the
 torchrl release that the installable fork is built from, ``main`` the upstream
@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     verbs.add_parser(
         "pin", parents=[base], help="pin the sha256 of every supported base wheel"
     )
+    tests = verbs.add_parser(
+        "tests", parents=[base], help="extract the series' test files into a folder"
+    )
+    tests.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
 
     if args.verb == "import":
@@ -91,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         for outcome in outcomes:
             print(outcome)
         return int(any(o.status == CONFLICTS for o in outcomes))
+    elif args.verb == "tests":
+        from torchrl_fork.series import extract_tests
+
+        print(extract_tests(Pin.load(args.base).patches_dir, args.dest))
     elif args.verb == "pin":
         from torchrl_fork.base import pin_wheels
 

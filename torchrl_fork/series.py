@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 import tempfile
 from email.utils import parseaddr
 from pathlib import Path
@@ -195,3 +197,20 @@ def _first_difference(want: str | None, got: str | None) -> str:
         if line_want != line_got:
             return f"differs in hunk {hunk!r}: {line_want!r} != {line_got!r}"
     return "differs in length"
+
+
+def extract_tests(patches_dir: Path, dest: Path) -> Path:
+    """Apply the ``test/`` part of every patch of a series, in order, into ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    # outside any repository, so that git applies relative to ``dest``
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(dest.parent))
+    for patch in series_paths(patches_dir):
+        subprocess.run(
+            ["git", "apply", "--include=test/*", str(patch)],
+            cwd=dest,
+            env=env,
+            check=True,
+        )
+    return dest
