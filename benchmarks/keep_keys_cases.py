@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal
-from torchrl.objectives import ClipPPOLoss, DDPGLoss, SACLoss
+from torchrl.objectives import ClipPPOLoss, DDPGLoss, SACLoss, TD3Loss
 from torchrl.objectives.value import GAE
 
 torch.set_num_threads(1)
@@ -196,6 +196,17 @@ class SACCase(Case):
         return feats
 
 
+class TD3Case(SACCase):
+    name = "TD3Loss"
+
+    def build(self):
+        actor, actor_feat = make_actor(stochastic=False)
+        qvalue, q_feat = make_action_value()
+        loss = TD3Loss(actor, qvalue, bounds=(-1.0, 1.0), num_qvalue_nets=2)
+        loss.make_value_estimator(gamma=0.99)
+        return loss, [actor_feat, q_feat]
+
+
 class DDPGCase(Case):
     name = "DDPGLoss"
     keep = ["actor_feat", "q_feat"]
@@ -233,7 +244,7 @@ class GAECase(Case):
             ]
 
 
-CASES = [ClipPPOCase, SACCase, DDPGCase, GAECase]
+CASES = [ClipPPOCase, SACCase, TD3Case, DDPGCase, GAECase]
 MODES = ["off", "on", "on_aux", "workaround_aux", "extractors"]
 
 
