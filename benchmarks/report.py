@@ -47,6 +47,12 @@ def run_pytest_benchmark() -> dict[str, dict]:
                 "-q",
                 "-p",
                 "no:cacheprovider",
+                # one process: pytest-benchmark disables itself under xdist,
+                # which this repository's pytest.ini turns on
+                "-o",
+                "addopts=",
+                "-p",
+                "no:xdist",
                 str(HERE / "test_keep_keys_benchmarks.py"),
                 f"--benchmark-json={out}",
                 "--benchmark-disable-gc",

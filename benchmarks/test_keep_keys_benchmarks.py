@@ -3,7 +3,7 @@
 Each benchmark round runs one step of every mode of a case (see
 ``keep_keys_cases.py``) in a rotating order, so that drift affects all modes
 alike; the ratios of the per-round times are stored in ``extra_info``.
-Run with ``python -m pytest benchmarks/test_keep_keys_benchmarks.py``; the
+Run with ``python -m pytest -o addopts= -p no:xdist benchmarks/test_keep_keys_benchmarks.py``; the
 table is printed by ``python benchmarks/report.py``.
 """
 
