@@ -2,12 +2,15 @@
 
 import re
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from torchrl_fork.base import Pin
 from torchrl_fork.check import check_series
 from torchrl_fork.series import (
+    extract_tests,
     header_problems,
     placeholder_reason,
     read_series,
@@ -166,3 +169,19 @@ def test_unpinned_file_is_reported(patches):
     files = {k: v for k, v in PIN.files.items() if k != touched}
     problems = check_series(PIN.replace(files=files), patches)
     assert any(f"touches {touched}, which the pin lacks" in p for p in problems)
+
+
+@pytest.mark.parametrize("base", Pin.names())
+def test_extract_tests_inside_a_repository(base, tmp_path, monkeypatch):
+    # CI extracts into a relative folder of this checkout: git must apply
+    # there, not relative to the checkout's root (which skips every file)
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    subprocess.run(["git", "init", "--quiet"], cwd=repo, check=True)
+    monkeypatch.chdir(repo)
+    dest = extract_tests(Pin.load(base).patches_dir, Path("build") / "tests")
+    created = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.py"))
+    assert created == [
+        "test/objectives/test_keep_keys.py",
+        "test/objectives/test_values_nan_next_obs.py",
+    ]

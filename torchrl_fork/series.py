@@ -201,6 +201,9 @@ def _first_difference(want: str | None, got: str | None) -> str:
 
 def extract_tests(patches_dir: Path, dest: Path) -> Path:
     """Apply the ``test/`` part of every patch of a series, in order, into ``dest``."""
+    # git ignores a relative ceiling, and inside a repository it would skip
+    # every path outside ``dest`` without a word
+    dest = dest.resolve()
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
