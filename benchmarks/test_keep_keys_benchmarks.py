@@ -30,6 +30,7 @@ def test_keep_keys_modes(benchmark, case_cls):
     def one_round():
         order.append(order.pop(0))
         for mode in order:
+            case.prepare(mode)
             start = time.perf_counter()
             case.step(mode)
             times[mode].append(time.perf_counter() - start)
