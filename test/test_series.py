@@ -63,6 +63,22 @@ def test_upstream_series_carries_the_fork_series():
     assert subjects(Pin.load("main")) == subjects(PIN)
 
 
+def _changed_lines(patch):
+    return [
+        line
+        for line in patch.read_text().split("\n---\n", 1)[1].splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++ ", "--- "))
+    ]
+
+
+def test_upstream_series_makes_the_same_changes():
+    # the bases differ around the patched lines, never in what a patch adds or removes
+    for fork, main in zip(
+        series_paths(PIN.patches_dir), series_paths(Pin.load("main").patches_dir)
+    ):
+        assert _changed_lines(main) == _changed_lines(fork), fork.name
+
+
 def _corrupt_context_line(patch):
     """Change one context line of the first hunk on an upstream file."""
     text = patch.read_text()
