@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -10,7 +9,7 @@ from pathlib import Path
 
 from torchrl_fork import DIST_DIR, LOCAL_VERSION
 from torchrl_fork.base import Pin, verified_wheel
-from torchrl_fork.series import series_paths
+from torchrl_fork.series import apply_part, series_paths
 
 
 def build_wheel(
@@ -29,7 +28,8 @@ def build_wheel(
         _wheel("unpack", "--dest", tmp, str(upstream))
         (unpacked,) = Path(tmp).iterdir()
         for patch in series_paths(patches_dir or pin.patches_dir):
-            _apply(unpacked, patch)
+            # wheels carry no tests: only the torchrl/ part applies
+            apply_part(patch, unpacked, "torchrl/*")
         dest.mkdir(parents=True, exist_ok=True)
         _wheel(
             "pack",
@@ -47,18 +47,3 @@ def _wheel(*args: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "wheel", *args], check=True, capture_output=True
     )
-
-
-def _apply(unpacked: Path, patch: Path) -> None:
-    # wheels carry no tests: only the torchrl/ part applies. Outside any
-    # repository, so that git applies relative to ``unpacked``.
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(unpacked.parent))
-    result = subprocess.run(
-        ["git", "apply", "--include=torchrl/*", str(patch)],
-        cwd=unpacked,
-        env=env,
-        text=True,
-        capture_output=True,
-    )
-    if result.returncode:
-        raise RuntimeError(f"{patch.name} does not apply: {result.stderr.strip()}")

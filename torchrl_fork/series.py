@@ -199,21 +199,33 @@ def _first_difference(want: str | None, got: str | None) -> str:
     return "differs in length"
 
 
+def apply_part(patch: Path, root: Path, include: str) -> None:
+    """``git apply`` the paths of ``patch`` matching ``include`` onto the tree ``root``.
+
+    ``root`` need not be a repository; git treats it as the top of the tree,
+    even when it lies inside one (a checkout's ``build/``, say).
+    """
+    # git ignores a relative ceiling, and inside a repository it would skip
+    # every path outside the current folder without a word
+    root = root.resolve()
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent))
+    result = subprocess.run(
+        ["git", "apply", f"--include={include}", str(patch)],
+        cwd=root,
+        env=env,
+        text=True,
+        capture_output=True,
+    )
+    if result.returncode:
+        raise SeriesError(f"{patch.name} does not apply: {result.stderr.strip()}")
+
+
 def extract_tests(patches_dir: Path, dest: Path) -> Path:
     """Apply the ``test/`` part of every patch of a series, in order, into ``dest``."""
-    # git ignores a relative ceiling, and inside a repository it would skip
-    # every path outside ``dest`` without a word
     dest = dest.resolve()
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    # outside any repository, so that git applies relative to ``dest``
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(dest.parent))
     for patch in series_paths(patches_dir):
-        subprocess.run(
-            ["git", "apply", "--include=test/*", str(patch)],
-            cwd=dest,
-            env=env,
-            check=True,
-        )
+        apply_part(patch, dest, "test/*")
     return dest
