@@ -8,6 +8,7 @@ path of that wheel, the build downloads nothing.
 """
 
 import email
+import importlib.util
 import re
 import sys
 import zipfile
@@ -15,6 +16,15 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
+
+# pyproject.toml's build requirements; without build isolation, name a missing one
+for module, requirement in (("packaging", "packaging>=23"), ("wheel", "wheel==0.48.0")):
+    if importlib.util.find_spec(module) is None:
+        sys.exit(
+            f"error: building the fork needs {requirement}, which is not installed. "
+            f"Install it (pip install '{requirement}'), or build with pip's build "
+            "isolation (without --no-build-isolation)."
+        )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -1,6 +1,9 @@
 """The pinned bases: a wheel or file that is not the pinned one is refused first."""
 
+import hashlib
+import os
 import shutil
+import subprocess
 import zipfile
 
 import pytest
@@ -11,9 +14,11 @@ from torchrl_fork.base import (
     base_wheel,
     BASE_WHEEL_ENV,
     BaseMismatch,
+    docs_sources,
     download_wheel,
     extract_sources,
     Pin,
+    RL_GIT_ENV,
     sha256,
     verified_wheel,
     verify_tree,
@@ -138,3 +143,45 @@ def test_import_refuses_tampered_base_before_writing(
     with pytest.raises(BaseMismatch, match=wheel.name):
         queue_module.build_base_repo(repo, Pin.load())
     assert [p.name for p in repo.iterdir()] == ["keep.txt"]
+
+
+@pytest.fixture
+def rl_git(tmp_path, monkeypatch):
+    """A pytorch/rl-like git directory holding one docs file, named in the environment."""
+    repo = tmp_path / "rl"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "index.rst").write_text("Index\n=====\n")
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    for args in (
+        ["init", "--quiet"],
+        ["add", "docs"],
+        ["-c", "user.name=x", "-c", "user.email=x@y.z", "commit", "--quiet", "-m", "x"],
+    ):
+        subprocess.run(["git", *args], cwd=repo, check=True, env={**os.environ, **env})
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    monkeypatch.setenv(RL_GIT_ENV, str(repo / ".git"))
+    return commit, hashlib.sha256(b"Index\n=====\n").hexdigest()
+
+
+def test_docs_sources_read_at_the_pinned_commit(rl_git):
+    commit, digest = rl_git
+    pin = Pin.load().replace(
+        docs={"commit": commit, "files": {"docs/index.rst": digest}}
+    )
+    assert docs_sources(pin) == {"docs/index.rst": b"Index\n=====\n"}
+
+
+def test_docs_sources_refuse_another_file(rl_git):
+    commit, digest = rl_git
+    pin = Pin.load().replace(
+        docs={"commit": commit, "files": {"docs/index.rst": "0" * 64}}
+    )
+    with pytest.raises(BaseMismatch, match=f"docs/index.rst: sha256 {digest}"):
+        docs_sources(pin)
+
+
+def test_docs_sources_absent_without_a_checkout(monkeypatch):
+    monkeypatch.delenv(RL_GIT_ENV, raising=False)
+    assert docs_sources(Pin.load()) is None

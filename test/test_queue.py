@@ -1,13 +1,35 @@
-"""The queues: import then export round-trips each series byte for byte."""
+"""The queues: import then export round-trips each series byte for byte.
 
+The docs patch needs upstream's docs file, which only a pytorch/rl git
+directory holds (``$TORCHRL_FORK_RL_GIT``): without one, the series is
+round-tripped up to that patch.
+"""
+
+import os
 import shutil
 
 import pytest
 
-from torchrl_fork.base import BASES_FILE, Pin
+from torchrl_fork.base import BASES_FILE, Pin, RL_GIT_ENV
 from torchrl_fork.gitcmd import git
 from torchrl_fork.queue import export_queue, import_queue, SenderError
-from torchrl_fork.series import patch_author, read_series, series_paths
+from torchrl_fork.series import is_docs_patch, patch_author, read_series, series_paths
+
+
+def _series_at_hand(pin, dest):
+    """A copy of the series in ``dest``, without its docs patch if upstream's docs are not at hand."""
+    shutil.copytree(pin.patches_dir, dest, ignore=shutil.ignore_patterns("main"))
+    if not os.environ.get(RL_GIT_ENV):
+        kept = [p.name for p in series_paths(dest) if not is_docs_patch(p)]
+        for patch in dest.glob("*.patch"):
+            if patch.name not in kept:
+                patch.unlink()
+        lines = (dest / "series").read_text().splitlines()
+        (dest / "series").write_text(
+            "\n".join(line for line in lines if line.startswith("#") or line in kept)
+            + "\n"
+        )
+    return dest
 
 
 @pytest.fixture
@@ -22,8 +44,8 @@ def bases_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize("base", Pin.names())
 def test_import_export_round_trip(base, tmp_path, bases_file):
     pin = Pin.load(base)
-    patches = tmp_path / "patches"
-    shutil.copytree(pin.patches_dir, patches, ignore=shutil.ignore_patterns("main"))
+    patches = _series_at_hand(pin, tmp_path / "patches")
+    imported = {path.name: path.read_bytes() for path in patches.iterdir()}
     repo = import_queue(pin, tmp_path / "queue", patches)
     log = git("log", "--format=%s", "base..HEAD", cwd=repo).stdout.splitlines()
     assert len(log) == len(read_series(patches / "series"))
@@ -32,16 +54,15 @@ def test_import_export_round_trip(base, tmp_path, bases_file):
     for _ in range(2):  # a second export of the unchanged queue changes no byte
         names = export_queue(pin, repo, patches, draft=True)
         assert names == read_series(patches / "series")
-        for path in sorted(pin.patches_dir.glob("*")):
-            if path.is_file():
-                assert (patches / path.name).read_bytes() == path.read_bytes()
+        assert {path.name: path.read_bytes() for path in patches.iterdir()} == imported
         assert bases_file.read_bytes() == BASES_FILE.read_bytes()
 
 
 def test_upstream_series_takes_the_sender_as_author(tmp_path, bases_file):
     pin = Pin.load("main")
+    series = _series_at_hand(pin, tmp_path / "series")
     patches = tmp_path / "patches"
-    repo = import_queue(pin, tmp_path / "queue", pin.patches_dir)
+    repo = import_queue(pin, tmp_path / "queue", series)
     with pytest.raises(SenderError, match="placeholder address"):
         export_queue(pin, repo, patches, author="Jane Doe <jane@example.com>")
     assert not patches.exists()
@@ -57,3 +78,12 @@ def test_upstream_series_takes_the_sender_as_author(tmp_path, bases_file):
     before = {p.name: p.read_bytes() for p in patches.iterdir()}
     export_queue(pin, repo, patches, author="Jane Doe <jane.doe@pytorch.org>")
     assert before == {p.name: p.read_bytes() for p in patches.iterdir()}
+
+
+def test_import_needs_upstream_docs_for_the_docs_patch(tmp_path, monkeypatch):
+    monkeypatch.delenv(RL_GIT_ENV, raising=False)
+    pin = Pin.load()
+    (docs_patch,) = [p.name for p in series_paths(pin.patches_dir) if is_docs_patch(p)]
+    with pytest.raises(RuntimeError, match=f"{docs_patch} change the documentation"):
+        import_queue(pin, tmp_path / "queue")
+    assert not (tmp_path / "queue").exists()

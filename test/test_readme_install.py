@@ -19,11 +19,21 @@ from torchrl_fork.base import Pin
 README = (ROOT / "README.md").read_text()
 PIN = Pin.load()
 GIT_URL_LINE = 'pip install "torchrl @ git+file://localhost$PWD/torchrl-keepkeys@main"'
-DOWNLOAD_LINE = "pip download --no-deps --only-binary=:all: torchrl==0.14.1 -d wheels/"
+DOWNLOAD_LINE = (
+    "pip download --only-binary=:all: -d wheels/ "
+    "torchrl==0.14.1 torch==2.13.0 setuptools wheel==0.48.0"
+)
+DEPENDENCIES_LINE = (
+    "pip install --no-index --find-links wheels/ torch==2.13.0 "
+    '"tensordict>=0.14.3,<0.15" numpy packaging cloudpickle pyvers hoptorch '
+    "setuptools wheel==0.48.0"
+)
 OFFLINE_LINE = (
     "TORCHRL_FORK_BASE_WHEEL=$(ls wheels/torchrl-0.14.1-*.whl) "
     "pip install --no-index --no-build-isolation ."
 )
+#: pip without any configuration (no index, no find-links) and no registry
+OFFLINE_ENV = "export PIP_CONFIG_FILE=/dev/null PIP_INDEX_URL=http://127.0.0.1:9/; "
 
 
 def _venv(path):
@@ -93,19 +103,46 @@ def test_readme_git_url_install_from_a_clone(tmp_path):
     assert path.startswith(str(tmp_path / "venv"))
 
 
-@pytest.mark.slow
-def test_readme_offline_install_from_a_wheel_at_hand(tmp_path):
-    assert DOWNLOAD_LINE in README and OFFLINE_LINE in README
+def _bare_venv(path):
+    """A venv with nothing but pip and the setuptools that ``venv`` brings."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    return path / "bin"
+
+
+@pytest.fixture(scope="module")
+def offline_clone(tmp_path_factory):
+    """A clone holding the downloads of the README's offline section."""
+    tmp_path = tmp_path_factory.mktemp("offline")
     clone = _clone(tmp_path / "torchrl-keepkeys")
-    bin_dir = _venv(tmp_path / "venv")
-    _run(DOWNLOAD_LINE, clone, bin_dir)
-    # the registry is cut off from here on: pip may only read the wheel at hand
-    _run(
-        f"export PIP_INDEX_URL=http://127.0.0.1:9/ PIP_FIND_LINKS=; {OFFLINE_LINE}",
-        clone,
-        bin_dir,
-    )
+    _run(DOWNLOAD_LINE, clone, _bare_venv(tmp_path / "download-venv"))
+    return clone
+
+
+@pytest.mark.slow
+def test_readme_offline_install_from_a_wheel_at_hand(offline_clone, tmp_path):
+    assert DOWNLOAD_LINE in README and DEPENDENCIES_LINE in README
+    assert OFFLINE_LINE in README
+    bin_dir = _bare_venv(tmp_path / "venv")
+    # the registry is cut off from here on: pip may only read the files at hand
+    _run(OFFLINE_ENV + DEPENDENCIES_LINE, offline_clone, bin_dir)
+    _run(OFFLINE_ENV + OFFLINE_LINE, offline_clone, bin_dir)
     version, path = _installed(bin_dir, tmp_path)
     assert version == f"{PIN.version}+{LOCAL_VERSION}"
     assert path.startswith(str(tmp_path / "venv"))
-    assert not (clone / "build" / "cache").exists()
+    assert not (offline_clone / "build" / "cache").exists()
+
+
+@pytest.mark.slow
+def test_offline_install_names_a_missing_build_requirement(offline_clone, tmp_path):
+    bin_dir = _bare_venv(tmp_path / "venv")
+    without_wheel = DEPENDENCIES_LINE.replace(" wheel==0.48.0", "")
+    _run(OFFLINE_ENV + without_wheel, offline_clone, bin_dir)
+    result = subprocess.run(
+        ["bash", "-c", OFFLINE_ENV + OFFLINE_LINE],
+        cwd=offline_clone,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "building the fork needs wheel==0.48.0" in result.stdout + result.stderr

@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         failed = False
         for name in args.base or Pin.names():
             pin = Pin.load(name)
-            problems = check_series(pin, queue=pin.queue_dir, sending=args.send)
+            notes = []
+            problems = check_series(
+                pin, queue=pin.queue_dir, sending=args.send, notes=notes
+            )
             for problem in problems:
                 print(f"FAIL {name}: {problem}", file=sys.stderr)
             if not problems:
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name}: series OK on {pin.label}: base verified, every patch "
                     "applies exactly, headers clean"
                 )
+            for note in notes:
+                print(f"{name}: note: {note}")
             failed |= bool(problems)
         return int(failed)
     elif args.verb == "build":

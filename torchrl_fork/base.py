@@ -4,7 +4,9 @@
 installable fork is built from) and ``main`` (the newest upstream build, that
 the pull-request series targets). A pin records the sha256 of every upstream
 wheel it supports, one per platform tag, and of each upstream file a series
-touches.
+touches. Wheels carry no ``docs/``: the documentation files a series touches
+are pinned to a commit of pytorch/rl, read from a git directory of it
+(``$TORCHRL_FORK_RL_GIT``) where one is at hand.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from torchrl_fork import BUILD_DIR, CACHE_DIR, ROOT
 BASES_FILE = Path(__file__).with_name("bases.json")
 #: A wheel of the base at hand: builds with it instead of downloading one.
 BASE_WHEEL_ENV = "TORCHRL_FORK_BASE_WHEEL"
+#: A git directory of pytorch/rl, for the documentation files of a base.
+RL_GIT_ENV = "TORCHRL_FORK_RL_GIT"
 
 
 class BaseMismatch(RuntimeError):
@@ -45,6 +49,8 @@ class Pin:
     platforms: tuple[str, ...]
     wheels: dict[str, str]
     files: dict[str, str]
+    #: ``commit`` of pytorch/rl and the sha256 of each of its ``files``
+    docs: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, name: str = "fork", path: Path = BASES_FILE) -> Pin:
@@ -62,6 +68,7 @@ class Pin:
             platforms=tuple(entry["platforms"]),
             wheels=dict(entry["wheels"]),
             files=dict(entry["files"]),
+            docs=dict(entry.get("docs", {})),
         )
 
     @staticmethod
@@ -74,6 +81,13 @@ class Pin:
         del entry["name"]
         entry["wheels"] = dict(sorted(self.wheels.items()))
         entry["files"] = dict(sorted(self.files.items()))
+        if self.docs:
+            entry["docs"] = {
+                **self.docs,
+                "files": dict(sorted(self.docs["files"].items())),
+            }
+        else:
+            del entry["docs"]
         data[self.name] = entry
         path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -235,3 +249,33 @@ def pin_wheels(pin: Pin) -> Pin:
         for name in wheels:
             verify_wheel(Path(tmp) / name, pinned)
     return pinned
+
+
+def docs_sources(pin: Pin) -> dict[str, bytes] | None:
+    """The pinned documentation files of the base, or ``None`` if none is at hand.
+
+    They are read at the pinned commit from the pytorch/rl git directory that
+    ``$TORCHRL_FORK_RL_GIT`` names, and verified against their sha256.
+    """
+    rl_git = os.environ.get(RL_GIT_ENV)
+    if not pin.docs or not rl_git:
+        return None
+    sources = {}
+    for relpath, expected in sorted(pin.docs["files"].items()):
+        result = subprocess.run(
+            ["git", "--git-dir", rl_git, "show", f"{pin.docs['commit']}:{relpath}"],
+            capture_output=True,
+        )
+        if result.returncode:
+            raise BaseMismatch(
+                f"{relpath}: not found at pytorch/rl {pin.docs['commit']} in "
+                f"{RL_GIT_ENV}={rl_git}: {result.stderr.decode().strip()}"
+            )
+        actual = hashlib.sha256(result.stdout).hexdigest()
+        if actual != expected:
+            raise BaseMismatch(
+                f"{relpath}: sha256 {actual} at pytorch/rl {pin.docs['commit']} "
+                f"does not match the pin {expected}; refusing to patch it"
+            )
+        sources[relpath] = result.stdout
+    return sources

@@ -5,13 +5,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from torchrl_fork.base import BaseMismatch, Pin
+from torchrl_fork.base import BaseMismatch, Pin, RL_GIT_ENV
 from torchrl_fork.queue import build_base_repo, UPSTREAM_BASE
 from torchrl_fork.series import (
     apply_patch,
     compare_exports,
     export_series,
     header_problems,
+    is_docs_patch,
     patch_author,
     placeholder_reason,
     read_series,
@@ -25,6 +26,7 @@ def check_series(
     patches_dir: Path | None = None,
     queue: Path | None = None,
     sending: bool = False,
+    notes: list[str] | None = None,
 ) -> list[str]:
     """Return every problem found, one line each; an empty list means the series is good.
 
@@ -32,7 +34,10 @@ def check_series(
     fuzzes) onto a freshly verified base in a temporary directory, then
     exported again: a patch that applied at an offset, or that an export would
     write differently, shows up as a difference. ``sending`` also requires the
-    upstream series to name a real author, as the pull request needs.
+    upstream series to name a real author, as the pull request needs. Patches
+    to the documentation are applied only where its pinned files are at hand
+    (``$TORCHRL_FORK_RL_GIT``); otherwise ``notes`` receives the names of those
+    left unchecked.
     """
     patches_dir = patches_dir or pin.patches_dir
     names = read_series(patches_dir / "series")
@@ -55,12 +60,19 @@ def check_series(
                 problems.append(f"{name}: not ready to send: {reason}")
     touched = upstream_paths([patches_dir / name for name in names])
     for relpath, name in touched.items():
-        if relpath not in pin.files:
+        if relpath not in {**pin.files, **pin.docs.get("files", {})}:
             problems.append(f"{name}: touches {relpath}, which the pin lacks")
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "base"
         try:
-            build_base_repo(repo, pin)
+            if not build_base_repo(repo, pin):
+                unchecked = [n for n in names if is_docs_patch(patches_dir / n)]
+                names = [n for n in names if n not in unchecked]
+                if unchecked and notes is not None:
+                    notes.append(
+                        f"{', '.join(unchecked)} not checked: the documentation "
+                        f"it patches is not at hand ({RL_GIT_ENV} is not set)"
+                    )
             for name in names:
                 apply_patch(repo, patches_dir / name)
         except (BaseMismatch, SeriesError) as err:

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
-from torchrl_fork.base import extract_sources, Pin, verified_wheel
+from torchrl_fork.base import (
+    docs_sources,
+    extract_sources,
+    Pin,
+    RL_GIT_ENV,
+    verified_wheel,
+)
 from torchrl_fork.gitcmd import git, git_blob
 from torchrl_fork.series import (
     apply_patch,
     BASE_TAG,
     commit_tree,
     export_series,
+    is_docs_patch,
     placeholder_reason,
     series_paths,
     upstream_paths,
@@ -30,15 +38,24 @@ class SenderError(RuntimeError):
     """The upstream series would be exported without a real author."""
 
 
-def build_base_repo(repo: Path, pin: Pin) -> Path:
-    """Make ``repo`` a git repository holding the verified pristine base as one commit."""
+def build_base_repo(repo: Path, pin: Pin) -> bool:
+    """Make ``repo`` a git repository holding the verified pristine base as one commit.
+
+    The base is the wheel's ``torchrl/`` tree, with the pinned documentation
+    files where a pytorch/rl git directory is at hand. Returns whether they
+    are there.
+    """
     wheel = verified_wheel(pin)
+    docs = docs_sources(pin)
     if repo.exists():
         shutil.rmtree(repo)
     repo.mkdir(parents=True)
     extract_sources(wheel, repo)
+    for relpath, content in (docs or {}).items():
+        (repo / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (repo / relpath).write_bytes(content)
     commit_tree(repo, f"{pin.label} ({pin.source}), pristine", BASE_DATE)
-    return repo
+    return docs is not None
 
 
 def import_queue(
@@ -52,8 +69,17 @@ def import_queue(
                 f"{repo} has uncommitted changes; commit or export them, "
                 "or pass --force to discard them"
             )
+    patches = series_paths(patches_dir or pin.patches_dir)
+    docs_patches = [patch.name for patch in patches if is_docs_patch(patch)]
+    if docs_patches and pin.docs and not os.environ.get(RL_GIT_ENV):
+        # without them, the queue could not carry the docs patches to export
+        raise RuntimeError(
+            f"{', '.join(docs_patches)} change the documentation, which the "
+            f"wheel lacks: set {RL_GIT_ENV} to a git directory of pytorch/rl "
+            f"holding commit {pin.docs['commit']}"
+        )
     build_base_repo(repo, pin)
-    for patch in series_paths(patches_dir or pin.patches_dir):
+    for patch in patches:
         apply_patch(repo, patch)
     return repo
 
@@ -111,6 +137,11 @@ def export_queue(
             path: _base_sha256(repo, path)
             for path in upstream_paths([patches_dir / name for name in names])
         }
+        docs = {
+            path: files.pop(path) for path in list(files) if path.startswith("docs/")
+        }
+        if docs:
+            pin = pin.replace(docs={**pin.docs, "files": docs})
         pin.replace(files=files).save()
     return names
 

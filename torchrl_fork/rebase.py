@@ -16,6 +16,7 @@ from torchrl_fork.series import (
     apply_patch,
     BASE_TAG,
     HUNK_ERROR,
+    is_docs_patch,
     series_paths,
     SeriesError,
 )
@@ -23,6 +24,8 @@ from torchrl_fork.series import (
 APPLIES = "applies"
 CONFLICTS = "conflicts"
 UPSTREAM = "already upstream"
+#: a patch of the documentation, which release wheels do not carry
+NOT_TRIED = "not tried"
 #: release wheels carry no tests: only the torchrl/ part of each patch is tried
 INCLUDE = "--include=torchrl/*"
 MERGE_CONFLICT = re.compile(r"CONFLICT \([^)]*\): Merge conflict in (\S+)")
@@ -60,7 +63,8 @@ def rebase_series(
     repo = repo or BUILD_DIR / f"rebase-{package}-{version}"
     pin = Pin.load()
     build_base_repo(repo, pin)
-    patches = series_paths(patches_dir or pin.patches_dir)
+    series = series_paths(patches_dir or pin.patches_dir)
+    patches = [patch for patch in series if not is_docs_patch(patch)]
     try:
         for patch in patches:
             apply_patch(repo, patch)
@@ -80,13 +84,16 @@ def rebase_series(
         env=git_env(GIT_AUTHOR_DATE="2000-01-01T00:00:00+00:00"),
     )
     applied = git("rev-list", "--reverse", f"{BASE_TAG}..main", cwd=repo).stdout.split()
-    outcomes = []
+    outcomes = {
+        patch.name: Outcome(patch.name, NOT_TRIED, "it patches the documentation")
+        for patch in series
+    }
     for index, patch in enumerate(patches):
         outcome = _apply(repo, patch)
         if outcome.status == CONFLICTS and _merged_upstream(repo, applied[index:]):
             outcome = Outcome(patch.name, UPSTREAM, "together with later patches")
-        outcomes.append(outcome)
-    return outcomes
+        outcomes[patch.name] = outcome
+    return list(outcomes.values())
 
 
 def _merged_upstream(repo: Path, states: list[str]) -> bool:

@@ -101,6 +101,21 @@ def _diff_headers(patch: Path) -> list[str]:
     ]
 
 
+def patch_paths(patch: Path) -> set[str]:
+    """The paths that ``patch`` changes."""
+    return {
+        match.group(1)
+        for header in _diff_headers(patch)
+        for match in [re.search(r"^\+\+\+ b/(\S+)$", header, re.MULTILINE)]
+        if match
+    }
+
+
+def is_docs_patch(patch: Path) -> bool:
+    """Whether ``patch`` changes documentation only, which wheels do not carry."""
+    return all(path.startswith("docs/") for path in patch_paths(patch))
+
+
 def upstream_paths(patches: list[Path]) -> dict[str, str]:
     """Upstream files that the series modifies, each with the first patch touching it.
 
