@@ -8,7 +8,7 @@ path of that wheel, the build downloads nothing.
 """
 
 import email
-import importlib.util
+import importlib.machinery
 import re
 import sys
 import zipfile
@@ -17,9 +17,13 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
 
-# pyproject.toml's build requirements; without build isolation, name a missing one
+# pyproject.toml's build requirements; without build isolation, name a missing
+# one. setuptools puts its own vendored copies on sys.path, where neither
+# torchrl_fork's imports from a clean path nor `python -m wheel` (build.py) find
+# them, so they do not count.
+_INSTALLED = [p for p in sys.path if Path(p).parts[-2:] != ("setuptools", "_vendor")]
 for module, requirement in (("packaging", "packaging>=23"), ("wheel", "wheel==0.48.0")):
-    if importlib.util.find_spec(module) is None:
+    if importlib.machinery.PathFinder.find_spec(module, _INSTALLED) is None:
         sys.exit(
             f"error: building the fork needs {requirement}, which is not installed. "
             f"Install it (pip install '{requirement}'), or build with pip's build "
