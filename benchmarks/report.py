@@ -10,6 +10,8 @@
    and tensordict come from this environment.
 3. Measures memory: bytes saved for backward with keep_keys on and off, and
    whether each kept tensor shares storage with the feature extractor's output.
+4. Runs ``test_keep_keys_host_time.py``: the host time keep_keys adds to one
+   loss call with tiny networks, in microseconds.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ sys.path.insert(0, str(HERE))
 from keep_keys_cases import CASES, LAYOUT_CASES, MODES  # noqa: E402
 
 
-def run_pytest_benchmark() -> dict[str, dict]:
-    """Run the benchmarks; ``{case name: extra_info}``."""
+def run_pytest_benchmark(name: str = "test_keep_keys_benchmarks.py") -> dict[str, dict]:
+    """Run the benchmarks of the file ``name``; ``{case name: extra_info}``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         subprocess.run(
@@ -53,7 +55,7 @@ def run_pytest_benchmark() -> dict[str, dict]:
                 "addopts=",
                 "-p",
                 "no:xdist",
-                str(HERE / "test_keep_keys_benchmarks.py"),
+                str(HERE / name),
                 f"--benchmark-json={out}",
                 "--benchmark-disable-gc",
             ],
@@ -258,6 +260,13 @@ def main() -> None:
         medians = results[cls.name]["median_s"]
         cells = " | ".join(f"{medians[mode] * 1e3:.1f}" for mode in MODES)
         print(f"| {cls.name} | {cells} |")
+    print()
+    print(
+        "| case (tiny networks, one thread) | host time keep_keys adds per loss call (≤ 100 µs) |"
+    )
+    print("| --- | --- |")
+    for name, info in run_pytest_benchmark("test_keep_keys_host_time.py").items():
+        print(f"| {name} | {info['added_us']:.0f} µs |")
     if args.instructions:
         counts = count_instructions()
         print(

@@ -403,6 +403,39 @@ def test_kept_entries_stored_from_a_trainer_hook_keep_their_graph():
 # --------------------------------------------------------------------------
 
 
+def test_kept_entries_cloned_past_an_update_stay_that_steps():
+    """The README's clone keeps a step's features past the next step.
+
+    Under CUDA graphs the next replay overwrites kept entries; the clone is
+    what survives it. Here ``update`` is eager (no GPU on CI): the test checks
+    that the cloned entries are the step's own, and the GPU run recorded in
+    ``benchmarks/RESULTS.md`` what happens without the clone.
+    """
+    loss = make_loss(AuxPPOLoss)
+    optimizer = torch.optim.Adam(loss.parameters(), lr=0.1)
+
+    def update(batch):
+        out = loss(batch)
+        loss_sum(out).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return out.detach()
+
+    kept = []
+    for step in range(2):
+        batch = make_fixed_batch(step)
+        with torch.no_grad():
+            expected = extractor_from_state(extractor_state(loss.state_dict()))(
+                batch["observation"]
+            )
+        loss_td = update(batch).clone()
+        critic_features = batch["critic_features"].clone()
+        kept.append((loss_td, critic_features, expected))
+    for loss_td, critic_features, expected in kept:
+        torch.testing.assert_close(critic_features.detach(), expected)
+        assert loss_td["loss_aux"] == critic_features.pow(2).mean()
+
+
 def make_fixed_batch(seed: int) -> TensorDict:
     """``RANK_BATCH`` consecutive Pendulum-like transitions; an episode ends midway."""
     generator = torch.Generator().manual_seed(seed)
