@@ -11,34 +11,17 @@ import textwrap
 import pytest
 
 from torchrl_fork.base import Pin
-from torchrl_fork.series import is_docs_patch, series_paths
-
-SECTION = ".. _ref_keep_keys:"
-
-
-def _added_lines(patch, path):
-    """The lines ``patch`` adds to ``path``, without their ``+``."""
-    text = patch.read_text()
-    block = text.split(f"diff --git a/{path} b/{path}\n", 1)[1].split(
-        "\ndiff --git", 1
-    )[0]
-    return [
-        line[1:]
-        for line in block.splitlines()
-        if line.startswith("+") and not line.startswith("+++")
-    ]
+from torchrl_fork.docs import REFERENCE, docs_patch, reference_text, section
 
 
 @pytest.mark.parametrize("base", Pin.names())
 def test_docs_section_code_runs(base):
-    (patch,) = [p for p in series_paths(Pin.load(base).patches_dir) if is_docs_patch(p)]
-    lines = _added_lines(patch, "docs/source/reference/objectives_common.rst")
-    section = "\n".join(lines[lines.index(SECTION) :]) + "\n"
-    blocks = re.findall(r"\.\. code-block:: python\n\n((?:(?: {4}.*)?\n)+)", section)
+    text = "\n".join(section(docs_patch(Pin.load(base)))) + "\n"
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:(?: {4}.*)?\n)+)", text)
     assert len(blocks) == 2
-    assert len(section.strip().splitlines()) <= 60
+    assert len(text.strip().splitlines()) <= 60
     # the CUDA-graph advice needs a compiled update on a GPU: it is read, not run
-    assert section.count(".clone()") == 2
+    assert text.count(".clone()") == 2
     namespace = {}
     for block in blocks:
         exec(textwrap.dedent(block), namespace)
@@ -49,3 +32,10 @@ def test_docs_section_code_runs(base):
     assert not data["next", "features"].requires_grad
     # the last block turns the feature off
     assert namespace["loss"].tensor_keys.keep_keys == []
+
+
+def test_reference_file_is_the_series_section():
+    """``docs/KEEP_KEYS_REFERENCE.rst`` is what ``python -m torchrl_fork docs`` writes now."""
+    assert REFERENCE.read_text() == reference_text(), (
+        "docs/KEEP_KEYS_REFERENCE.rst is stale: run `python -m torchrl_fork docs`"
+    )

@@ -1,4 +1,4 @@
-"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin,tests}``.
+"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin,tests,docs}``.
 
 Every verb works on one base (``--base``, default ``fork``): ``fork`` is the
 torchrl release that the installable fork is built from, ``main`` the upstream
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         "tests", parents=[base], help="extract the series' test files into a folder"
     )
     tests.add_argument("dest", type=Path)
+    verbs.add_parser(
+        "docs", help="write the series' keep_keys docs section to docs/ (rst)"
+    )
     args = parser.parse_args(argv)
 
     if args.verb == "import":
@@ -104,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         from torchrl_fork.series import extract_tests
 
         print(extract_tests(Pin.load(args.base).patches_dir, args.dest))
+    elif args.verb == "docs":
+        from torchrl_fork.docs import write_reference
+
+        print(write_reference())
     elif args.verb == "pin":
         from torchrl_fork.base import pin_wheels
 
