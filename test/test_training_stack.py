@@ -642,7 +642,7 @@ def test_ray_learner_trains_the_auxiliary_loss_on_two_ranks(tmp_path, monkeypatc
     ray = pytest.importorskip(
         "ray",
         reason="Trainer(learner_backend='ray') needs ray: "
-        "pip install -r requirements-test.txt",
+        "pip install -r requirements-slow.txt",
     )
     from torchrl.collectors.distributed import RayCollector
     from torchrl.data import RayReplayBuffer
