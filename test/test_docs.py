@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from torchrl_fork.base import Pin
-from torchrl_fork.docs import REFERENCE, docs_patch, reference_text, section
+from torchrl_fork.docs import docs_patch, REFERENCE, reference_text, section
 
 
 # The section's example leaves DQN's target-network updater out, to stay short;
@@ -39,6 +39,6 @@ def test_docs_section_code_runs(base):
 
 def test_reference_file_is_the_series_section():
     """``docs/KEEP_KEYS_REFERENCE.rst`` is what ``python -m torchrl_fork docs`` writes now."""
-    assert REFERENCE.read_text() == reference_text(), (
-        "docs/KEEP_KEYS_REFERENCE.rst is stale: run `python -m torchrl_fork docs`"
-    )
+    assert (
+        REFERENCE.read_text() == reference_text()
+    ), "docs/KEEP_KEYS_REFERENCE.rst is stale: run `python -m torchrl_fork docs`"

@@ -71,4 +71,6 @@ def test_readme_adapt_block_trains_the_extractor_through_the_aux_term():
     extractor = namespace["extractor"]
     # the auxiliary term alone reaches every parameter of the extractor
     assert {id(p) for p in extractor.parameters()} <= _leaves(namespace["aux"])
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in extractor.parameters())
+    assert all(
+        p.grad is not None and p.grad.abs().sum() > 0 for p in extractor.parameters()
+    )
