@@ -14,10 +14,10 @@ from torchrl_fork.base import (
     base_wheel,
     BASE_WHEEL_ENV,
     BaseMismatch,
-    docs_sources,
     download_wheel,
     extract_sources,
     Pin,
+    repo_sources,
     RL_GIT_ENV,
     sha256,
     verified_wheel,
@@ -165,23 +165,23 @@ def rl_git(tmp_path, monkeypatch):
     return commit, hashlib.sha256(b"Index\n=====\n").hexdigest()
 
 
-def test_docs_sources_read_at_the_pinned_commit(rl_git):
+def test_repo_sources_read_at_the_pinned_commit(rl_git):
     commit, digest = rl_git
     pin = Pin.load().replace(
-        docs={"commit": commit, "files": {"docs/index.rst": digest}}
+        repo_files={"commit": commit, "files": {"docs/index.rst": digest}}
     )
-    assert docs_sources(pin) == {"docs/index.rst": b"Index\n=====\n"}
+    assert repo_sources(pin) == {"docs/index.rst": b"Index\n=====\n"}
 
 
-def test_docs_sources_refuse_another_file(rl_git):
+def test_repo_sources_refuse_another_file(rl_git):
     commit, digest = rl_git
     pin = Pin.load().replace(
-        docs={"commit": commit, "files": {"docs/index.rst": "0" * 64}}
+        repo_files={"commit": commit, "files": {"docs/index.rst": "0" * 64}}
     )
     with pytest.raises(BaseMismatch, match=f"docs/index.rst: sha256 {digest}"):
-        docs_sources(pin)
+        repo_sources(pin)
 
 
-def test_docs_sources_absent_without_a_checkout(monkeypatch):
+def test_repo_sources_absent_without_a_checkout(monkeypatch):
     monkeypatch.delenv(RL_GIT_ENV, raising=False)
-    assert docs_sources(Pin.load()) is None
+    assert repo_sources(Pin.load()) is None

@@ -1,8 +1,8 @@
 """The queues: import then export round-trips each series byte for byte.
 
-The docs patch needs upstream's docs file, which only a pytorch/rl git
-directory holds (``$TORCHRL_FORK_RL_GIT``): without one, the series is
-round-tripped up to that patch.
+The series patches upstream's docs and test files, which only a pytorch/rl
+git directory holds (``$TORCHRL_FORK_RL_GIT``): without one, the round trips
+are skipped.
 """
 
 import os
@@ -17,18 +17,13 @@ from torchrl_fork.series import is_docs_patch, patch_author, read_series, series
 
 
 def _series_at_hand(pin, dest):
-    """A copy of the series in ``dest``, without its docs patch if upstream's docs are not at hand."""
-    shutil.copytree(pin.patches_dir, dest, ignore=shutil.ignore_patterns("main"))
+    """A copy of the series in ``dest``; skips without upstream's docs and tests at hand."""
     if not os.environ.get(RL_GIT_ENV):
-        kept = [p.name for p in series_paths(dest) if not is_docs_patch(p)]
-        for patch in dest.glob("*.patch"):
-            if patch.name not in kept:
-                patch.unlink()
-        lines = (dest / "series").read_text().splitlines()
-        (dest / "series").write_text(
-            "\n".join(line for line in lines if line.startswith("#") or line in kept)
-            + "\n"
+        pytest.skip(
+            f"the series patches upstream's docs and tests, which {RL_GIT_ENV} "
+            "(a pytorch/rl git directory) holds"
         )
+    shutil.copytree(pin.patches_dir, dest, ignore=shutil.ignore_patterns("main"))
     return dest
 
 
@@ -80,10 +75,10 @@ def test_upstream_series_takes_the_sender_as_author(tmp_path, bases_file):
     assert before == {p.name: p.read_bytes() for p in patches.iterdir()}
 
 
-def test_import_needs_upstream_docs_for_the_docs_patch(tmp_path, monkeypatch):
+def test_import_needs_upstream_docs_and_tests(tmp_path, monkeypatch):
     monkeypatch.delenv(RL_GIT_ENV, raising=False)
     pin = Pin.load()
     (docs_patch,) = [p.name for p in series_paths(pin.patches_dir) if is_docs_patch(p)]
-    with pytest.raises(RuntimeError, match=f"{docs_patch} change the documentation"):
+    with pytest.raises(RuntimeError, match=f"{docs_patch} change upstream files"):
         import_queue(pin, tmp_path / "queue")
     assert not (tmp_path / "queue").exists()

@@ -4,9 +4,9 @@
 installable fork is built from) and ``main`` (the newest upstream build, that
 the pull-request series targets). A pin records the sha256 of every upstream
 wheel it supports, one per platform tag, and of each upstream file a series
-touches. Wheels carry no ``docs/``: the documentation files a series touches
-are pinned to a commit of pytorch/rl, read from a git directory of it
-(``$TORCHRL_FORK_RL_GIT``) where one is at hand.
+touches. Wheels carry no ``docs/`` and no ``test/``: the documentation and test
+files a series touches (``repo_files``) are pinned to a commit of pytorch/rl,
+read from a git directory of it (``$TORCHRL_FORK_RL_GIT``) where one is at hand.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torchrl_fork import BUILD_DIR, CACHE_DIR, ROOT
 BASES_FILE = Path(__file__).with_name("bases.json")
 #: A wheel of the base at hand: builds with it instead of downloading one.
 BASE_WHEEL_ENV = "TORCHRL_FORK_BASE_WHEEL"
-#: A git directory of pytorch/rl, for the documentation files of a base.
+#: A git directory of pytorch/rl, for the files of a base that its wheels lack.
 RL_GIT_ENV = "TORCHRL_FORK_RL_GIT"
 
 
@@ -49,8 +49,9 @@ class Pin:
     platforms: tuple[str, ...]
     wheels: dict[str, str]
     files: dict[str, str]
-    #: ``commit`` of pytorch/rl and the sha256 of each of its ``files``
-    docs: dict = dataclasses.field(default_factory=dict)
+    #: ``commit`` of pytorch/rl and the sha256 of each of its ``files`` that
+    #: the series touches and the wheels lack
+    repo_files: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, name: str = "fork", path: Path = BASES_FILE) -> Pin:
@@ -68,7 +69,7 @@ class Pin:
             platforms=tuple(entry["platforms"]),
             wheels=dict(entry["wheels"]),
             files=dict(entry["files"]),
-            docs=dict(entry.get("docs", {})),
+            repo_files=dict(entry.get("repo_files", {})),
         )
 
     @staticmethod
@@ -81,13 +82,13 @@ class Pin:
         del entry["name"]
         entry["wheels"] = dict(sorted(self.wheels.items()))
         entry["files"] = dict(sorted(self.files.items()))
-        if self.docs:
-            entry["docs"] = {
-                **self.docs,
-                "files": dict(sorted(self.docs["files"].items())),
+        if self.repo_files:
+            entry["repo_files"] = {
+                **self.repo_files,
+                "files": dict(sorted(self.repo_files["files"].items())),
             }
         else:
-            del entry["docs"]
+            del entry["repo_files"]
         data[self.name] = entry
         path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -251,30 +252,36 @@ def pin_wheels(pin: Pin) -> Pin:
     return pinned
 
 
-def docs_sources(pin: Pin) -> dict[str, bytes] | None:
-    """The pinned documentation files of the base, or ``None`` if none is at hand.
+def repo_sources(pin: Pin) -> dict[str, bytes] | None:
+    """The pinned ``repo_files`` of the base, or ``None`` if they are not at hand.
 
     They are read at the pinned commit from the pytorch/rl git directory that
     ``$TORCHRL_FORK_RL_GIT`` names, and verified against their sha256.
     """
     rl_git = os.environ.get(RL_GIT_ENV)
-    if not pin.docs or not rl_git:
+    if not pin.repo_files or not rl_git:
         return None
     sources = {}
-    for relpath, expected in sorted(pin.docs["files"].items()):
+    for relpath, expected in sorted(pin.repo_files["files"].items()):
         result = subprocess.run(
-            ["git", "--git-dir", rl_git, "show", f"{pin.docs['commit']}:{relpath}"],
+            [
+                "git",
+                "--git-dir",
+                rl_git,
+                "show",
+                f"{pin.repo_files['commit']}:{relpath}",
+            ],
             capture_output=True,
         )
         if result.returncode:
             raise BaseMismatch(
-                f"{relpath}: not found at pytorch/rl {pin.docs['commit']} in "
+                f"{relpath}: not found at pytorch/rl {pin.repo_files['commit']} in "
                 f"{RL_GIT_ENV}={rl_git}: {result.stderr.decode().strip()}"
             )
         actual = hashlib.sha256(result.stdout).hexdigest()
         if actual != expected:
             raise BaseMismatch(
-                f"{relpath}: sha256 {actual} at pytorch/rl {pin.docs['commit']} "
+                f"{relpath}: sha256 {actual} at pytorch/rl {pin.repo_files['commit']} "
                 f"does not match the pin {expected}; refusing to patch it"
             )
         sources[relpath] = result.stdout

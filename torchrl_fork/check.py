@@ -12,8 +12,8 @@ from torchrl_fork.series import (
     compare_exports,
     export_series,
     header_problems,
-    is_docs_patch,
     patch_author,
+    patch_paths,
     placeholder_reason,
     read_series,
     SeriesError,
@@ -34,10 +34,10 @@ def check_series(
     fuzzes) onto a freshly verified base in a temporary directory, then
     exported again: a patch that applied at an offset, or that an export would
     write differently, shows up as a difference. ``sending`` also requires the
-    upstream series to name a real author, as the pull request needs. Patches
-    to the documentation are applied only where its pinned files are at hand
-    (``$TORCHRL_FORK_RL_GIT``); otherwise ``notes`` receives the names of those
-    left unchecked.
+    upstream series to name a real author, as the pull request needs. The
+    hunks in upstream files that wheels lack (docs, tests) are applied only
+    where those pinned files are at hand (``$TORCHRL_FORK_RL_GIT``); otherwise
+    ``notes`` receives the names of the patches left partly unchecked.
     """
     patches_dir = patches_dir or pin.patches_dir
     names = read_series(patches_dir / "series")
@@ -60,25 +60,30 @@ def check_series(
                 problems.append(f"{name}: not ready to send: {reason}")
     touched = upstream_paths([patches_dir / name for name in names])
     for relpath, name in touched.items():
-        if relpath not in {**pin.files, **pin.docs.get("files", {})}:
+        if relpath not in {**pin.files, **pin.repo_files.get("files", {})}:
             problems.append(f"{name}: touches {relpath}, which the pin lacks")
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "base"
         try:
+            absent = set()
             if not build_base_repo(repo, pin):
-                unchecked = [n for n in names if is_docs_patch(patches_dir / n)]
-                names = [n for n in names if n not in unchecked]
-                if unchecked and notes is not None:
-                    notes.append(
-                        f"{', '.join(unchecked)} not checked: the documentation "
-                        f"it patches is not at hand ({RL_GIT_ENV} is not set)"
-                    )
+                absent = set(pin.repo_files.get("files", {}))
+            partial = {name: patch_paths(patches_dir / name) & absent for name in names}
+            partial = {name: paths for name, paths in partial.items() if paths}
             for name in names:
-                apply_patch(repo, patches_dir / name)
+                if patch_paths(patches_dir / name) - absent:
+                    apply_patch(repo, patches_dir / name, exclude=partial.get(name, ()))
         except (BaseMismatch, SeriesError) as err:
             return [*problems, str(err)]
-        export_series(repo, Path(tmp) / "fresh")
-        problems += compare_exports(patches_dir, Path(tmp) / "fresh", names)
+        if partial and notes is not None:
+            notes.append(
+                f"{', '.join(partial)}: not checked in "
+                f"{', '.join(sorted(set().union(*partial.values())))}, which are "
+                f"not at hand ({RL_GIT_ENV} is not set); their other files are checked"
+            )
+        fresh = export_series(repo, Path(tmp) / "fresh")
+        applied = [name for name in names if name not in partial or name in fresh]
+        problems += compare_exports(patches_dir, Path(tmp) / "fresh", applied, partial)
     if queue is not None and (queue / ".git").exists():
         problems += _queue_problems(queue, patches_dir, names)
     return problems

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 from torchrl_fork.base import (
-    docs_sources,
     extract_sources,
     Pin,
+    repo_sources,
     RL_GIT_ENV,
     verified_wheel,
 )
@@ -22,7 +22,8 @@ from torchrl_fork.series import (
     BASE_TAG,
     commit_tree,
     export_series,
-    is_docs_patch,
+    outside_wheel,
+    patch_paths,
     placeholder_reason,
     series_paths,
     upstream_paths,
@@ -42,20 +43,20 @@ def build_base_repo(repo: Path, pin: Pin) -> bool:
     """Make ``repo`` a git repository holding the verified pristine base as one commit.
 
     The base is the wheel's ``torchrl/`` tree, with the pinned documentation
-    files where a pytorch/rl git directory is at hand. Returns whether they
-    are there.
+    and test files where a pytorch/rl git directory is at hand. Returns whether
+    they are there.
     """
     wheel = verified_wheel(pin)
-    docs = docs_sources(pin)
+    sources = repo_sources(pin)
     if repo.exists():
         shutil.rmtree(repo)
     repo.mkdir(parents=True)
     extract_sources(wheel, repo)
-    for relpath, content in (docs or {}).items():
+    for relpath, content in (sources or {}).items():
         (repo / relpath).parent.mkdir(parents=True, exist_ok=True)
         (repo / relpath).write_bytes(content)
     commit_tree(repo, f"{pin.label} ({pin.source}), pristine", BASE_DATE)
-    return docs is not None
+    return sources is not None
 
 
 def import_queue(
@@ -70,13 +71,14 @@ def import_queue(
                 "or pass --force to discard them"
             )
     patches = series_paths(patches_dir or pin.patches_dir)
-    docs_patches = [patch.name for patch in patches if is_docs_patch(patch)]
-    if docs_patches and pin.docs and not os.environ.get(RL_GIT_ENV):
-        # without them, the queue could not carry the docs patches to export
+    pinned = set(pin.repo_files.get("files", {}))
+    needing = [patch.name for patch in patches if patch_paths(patch) & pinned]
+    if needing and not os.environ.get(RL_GIT_ENV):
+        # without them, the queue could not carry those patches to export
         raise RuntimeError(
-            f"{', '.join(docs_patches)} change the documentation, which the "
-            f"wheel lacks: set {RL_GIT_ENV} to a git directory of pytorch/rl "
-            f"holding commit {pin.docs['commit']}"
+            f"{', '.join(needing)} change upstream files that the wheel lacks "
+            f"(docs, tests): set {RL_GIT_ENV} to a git directory of pytorch/rl "
+            f"holding commit {pin.repo_files['commit']}"
         )
     build_base_repo(repo, pin)
     for patch in patches:
@@ -137,11 +139,9 @@ def export_queue(
             path: _base_sha256(repo, path)
             for path in upstream_paths([patches_dir / name for name in names])
         }
-        docs = {
-            path: files.pop(path) for path in list(files) if path.startswith("docs/")
-        }
-        if docs:
-            pin = pin.replace(docs={**pin.docs, "files": docs})
+        outside = {path: files.pop(path) for path in outside_wheel(list(files))}
+        if outside:
+            pin = pin.replace(repo_files={**pin.repo_files, "files": outside})
         pin.replace(files=files).save()
     return names
 

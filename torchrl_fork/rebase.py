@@ -17,6 +17,7 @@ from torchrl_fork.series import (
     BASE_TAG,
     HUNK_ERROR,
     is_docs_patch,
+    outside_wheel,
     series_paths,
     SeriesError,
 )
@@ -65,9 +66,11 @@ def rebase_series(
     build_base_repo(repo, pin)
     series = series_paths(patches_dir or pin.patches_dir)
     patches = [patch for patch in series if not is_docs_patch(patch)]
+    # release wheels carry no docs or tests: only torchrl/ is rebased
+    outside = outside_wheel(pin.repo_files.get("files", {}))
     try:
         for patch in patches:
-            apply_patch(repo, patch)
+            apply_patch(repo, patch, exclude=outside)
     except SeriesError:
         pass  # no three-way fallback from the first patch that does not apply
     git("checkout", "--quiet", "-b", "rebased", BASE_TAG, cwd=repo)

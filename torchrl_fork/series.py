@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from email.utils import parseaddr
 from pathlib import Path
 
@@ -111,6 +112,11 @@ def patch_paths(patch: Path) -> set[str]:
     }
 
 
+def outside_wheel(paths: Iterable[str]) -> set[str]:
+    """The paths of ``paths`` that a torchrl wheel does not carry (docs, tests)."""
+    return {path for path in paths if not path.startswith("torchrl/")}
+
+
 def is_docs_patch(patch: Path) -> bool:
     """Whether ``patch`` changes documentation only, which wheels do not carry."""
     return all(path.startswith("docs/") for path in patch_paths(patch))
@@ -179,9 +185,13 @@ def commit_tree(repo: Path, message: str, date: str) -> None:
     git("tag", BASE_TAG, cwd=repo)
 
 
-def apply_patch(repo: Path, patch: Path) -> None:
-    """``git am`` one patch onto ``repo``; on failure abort and name patch and hunk."""
-    result = git("am", *AM_OPTIONS, str(patch), cwd=repo, check=False)
+def apply_patch(repo: Path, patch: Path, exclude: Iterable[str] = ()) -> None:
+    """``git am`` one patch onto ``repo``; on failure abort and name patch and hunk.
+
+    The paths in ``exclude`` are left out of the commit.
+    """
+    skip = [f"--exclude={path}" for path in exclude]
+    result = git("am", *AM_OPTIONS, *skip, str(patch), cwd=repo, check=False)
     if result.returncode == 0:
         return
     git("am", "--abort", cwd=repo, check=False)
@@ -190,16 +200,35 @@ def apply_patch(repo: Path, patch: Path) -> None:
     raise SeriesError(f"{patch.name} does not apply: {detail}")
 
 
-def compare_exports(expected: Path, actual: Path, names: list[str]) -> list[str]:
-    """Name each patch of ``names`` whose file in ``actual`` differs from ``expected``."""
+def compare_exports(
+    expected: Path,
+    actual: Path,
+    names: list[str],
+    left_out: dict[str, set[str]] | None = None,
+) -> list[str]:
+    """Name each patch of ``names`` whose file in ``actual`` differs from ``expected``.
+
+    For a patch of ``left_out``, applied without some of its paths, only the
+    diffs of its other paths are compared.
+    """
     problems = []
     for name in names:
         want = (expected / name).read_text() if (expected / name).exists() else None
         got = (actual / name).read_text() if (actual / name).exists() else None
+        if want is not None and got is not None and name in (left_out or {}):
+            want, got = (_diffs(text, left_out[name]) for text in (want, got))
         if want == got:
             continue
         problems.append(f"{name}: {_first_difference(want, got)}")
     return problems
+
+
+def _diffs(patch_text: str, without: set[str]) -> str:
+    """The file diffs of a patch, but those of the paths in ``without``."""
+    blocks = patch_text.split("\ndiff --git ")[1:]
+    return "".join(
+        block for block in blocks if block.split(" ", 1)[0][2:] not in without
+    )
 
 
 def _first_difference(want: str | None, got: str | None) -> str:
@@ -214,8 +243,12 @@ def _first_difference(want: str | None, got: str | None) -> str:
     return "differs in length"
 
 
-def apply_part(patch: Path, root: Path, include: str) -> None:
+def apply_part(
+    patch: Path, root: Path, include: str, exclude: Iterable[str] = ()
+) -> None:
     """``git apply`` the paths of ``patch`` matching ``include`` onto the tree ``root``.
+
+    Paths in ``exclude`` are left out, whether or not they match ``include``.
 
     ``root`` need not be a repository; git treats it as the top of the tree,
     even when it lies inside one (a checkout's ``build/``, say).
@@ -225,7 +258,13 @@ def apply_part(patch: Path, root: Path, include: str) -> None:
     root = root.resolve()
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent))
     result = subprocess.run(
-        ["git", "apply", f"--include={include}", str(patch)],
+        [
+            "git",
+            "apply",
+            *(f"--exclude={path}" for path in exclude),
+            f"--include={include}",
+            str(patch),
+        ],
         cwd=root,
         env=env,
         text=True,
@@ -236,11 +275,19 @@ def apply_part(patch: Path, root: Path, include: str) -> None:
 
 
 def extract_tests(patches_dir: Path, dest: Path) -> Path:
-    """Apply the ``test/`` part of every patch of a series, in order, into ``dest``."""
+    """Apply the test files that a series creates, in order, into ``dest``.
+
+    Its hunks in upstream's own test files are left out: those need the rest of
+    upstream's test tree (see ``test/test_upstream_tests.py``).
+    """
     dest = dest.resolve()
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    for patch in series_paths(patches_dir):
-        apply_part(patch, dest, "test/*")
+    patches = series_paths(patches_dir)
+    upstream_tests = [
+        path for path in upstream_paths(patches) if path.startswith("test/")
+    ]
+    for patch in patches:
+        apply_part(patch, dest, "test/*", exclude=upstream_tests)
     return dest
