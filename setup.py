@@ -68,6 +68,11 @@ class ForkWheel(bdist_wheel):
         build_wheel(Path(self.dist_dir), pin)
 
 
+# setuptools writes torchrl.egg-info to egg_base; at the checkout root it would
+# make a Python started there report this version for any installed torchrl
+EGG_BASE = Path("build")
+EGG_BASE.mkdir(exist_ok=True)
+
 pin = Pin.load()
 metadata = upstream_metadata(pin)
 install_requires, extras_require = split_requirements(metadata)
@@ -81,4 +86,5 @@ setup(
     packages=[],
     py_modules=[],
     cmdclass={"bdist_wheel": ForkWheel},
+    options={"egg_info": {"egg_base": str(EGG_BASE)}},
 )
