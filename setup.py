@@ -32,7 +32,7 @@ for module, requirement in (("packaging", "packaging>=23"), ("wheel", "wheel==0.
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torchrl_fork import LOCAL_VERSION  # noqa: E402
+from torchrl_fork import BUILD_DIR, LOCAL_VERSION  # noqa: E402
 from torchrl_fork.base import Pin, verified_wheel  # noqa: E402
 from torchrl_fork.build import build_wheel  # noqa: E402
 
@@ -70,8 +70,7 @@ class ForkWheel(bdist_wheel):
 
 # setuptools writes torchrl.egg-info to egg_base; at the checkout root it would
 # make a Python started there report this version for any installed torchrl
-EGG_BASE = Path("build")
-EGG_BASE.mkdir(exist_ok=True)
+BUILD_DIR.mkdir(exist_ok=True)
 
 pin = Pin.load()
 metadata = upstream_metadata(pin)
@@ -86,5 +85,5 @@ setup(
     packages=[],
     py_modules=[],
     cmdclass={"bdist_wheel": ForkWheel},
-    options={"egg_info": {"egg_base": str(EGG_BASE)}},
+    options={"egg_info": {"egg_base": str(BUILD_DIR)}},
 )
