@@ -67,7 +67,7 @@ def test_wheel_carries_patched_sources(wheel):
         utils = archive.read("torchrl/objectives/utils.py").decode()
         advantages = archive.read("torchrl/objectives/value/advantages.py").decode()
     assert "class _KeepsNetworkOutputs" in utils
-    assert "keep_keys: list[NestedKey] | bool = ()" in advantages
+    assert "keep_keys: list[NestedKey] | None = None" in advantages
 
 
 def _fresh_venv(path):

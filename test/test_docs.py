@@ -21,19 +21,20 @@ from torchrl_fork.docs import docs_patch, REFERENCE, reference_text, section
 def test_docs_section_code_runs(base):
     text = "\n".join(section(docs_patch(Pin.load(base)))) + "\n"
     blocks = re.findall(r"\.\. code-block:: python\n\n((?:(?: {4}.*)?\n)+)", text)
-    assert len(blocks) == 2
-    assert len(text.strip().splitlines()) <= 60
+    assert len(blocks) == 1
+    assert len(text.strip().splitlines()) <= 110
     # the CUDA-graph advice needs a compiled update on a GPU: it is read, not run
-    assert text.count(".clone()") == 2
+    assert "CudaGraphModule" in text and "clone what you read" in text
     namespace = {}
-    for block in blocks:
-        exec(textwrap.dedent(block), namespace)
+    exec(textwrap.dedent(blocks[0]), namespace)
     data = namespace["data"]
     # the loss's own call of the extractor, kept with its graph
     assert data["features"].requires_grad
     assert data["features"].shape == (16, 8)
     assert not data["next", "features"].requires_grad
-    # the last block turns the feature off
+    # the prose's way to turn the feature off
+    assert "loss.set_keys(keep_keys=None)" in text
+    namespace["loss"].set_keys(keep_keys=None)
     assert namespace["loss"].tensor_keys.keep_keys == []
 
 
