@@ -138,25 +138,27 @@ print(timer.collect_callgrind(number=2, collect_baseline=False).counts(denoise=T
 """
 
 
+def _callgrind(python: Path, code: str) -> int:
+    """The instruction count that ``code`` (a ``CALLGRIND`` script) prints."""
+    # callgrind runs the interpreter found first on PATH
+    env = dict(os.environ, PATH=f"{python.parent}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run(
+        [python, "-c", code], check=True, capture_output=True, text=True, env=env
+    ).stdout
+    return int(out.split()[-1])
+
+
 def count_instructions() -> dict[str, int]:
     """Instructions of two keep_keys-off steps of every case, for fork and stock.
 
     Counted by valgrind's callgrind through ``torch.utils.benchmark``; unlike
     time, the count does not depend on the machine's load.
     """
-    counts = {}
-    for name, python in (("fork", Path(sys.executable)), ("stock", stock_python())):
-        # callgrind runs the interpreter found first on PATH
-        env = dict(os.environ, PATH=f"{python.parent}{os.pathsep}{os.environ['PATH']}")
-        out = subprocess.run(
-            [python, "-c", CALLGRIND.format(here=str(HERE))],
-            check=True,
-            capture_output=True,
-            text=True,
-            env=env,
-        ).stdout
-        counts[name] = int(out.split()[-1])
-    return counts
+    code = CALLGRIND.format(here=str(HERE))
+    return {
+        name: _callgrind(python, code)
+        for name, python in (("fork", Path(sys.executable)), ("stock", stock_python()))
+    }
 
 
 CALLGRIND_HOST = """
@@ -182,22 +184,12 @@ def count_host_instructions() -> dict[str, dict[str, int]]:
     """
     from test_keep_keys_host_time import CASES as HOST_CASES
 
-    env = dict(
-        os.environ,
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    )
     counts = {}
     for case in HOST_CASES:
         for on in (False, True):
             code = CALLGRIND_HOST.format(here=str(HERE), case=case, on=on)
-            out = subprocess.run(
-                [sys.executable, "-c", code],
-                check=True,
-                capture_output=True,
-                text=True,
-                env=env,
-            ).stdout
-            counts.setdefault(case, {})["on" if on else "off"] = int(out.split()[-1])
+            count = _callgrind(Path(sys.executable), code)
+            counts.setdefault(case, {})["on" if on else "off"] = count
     return counts
 
 
