@@ -18,4 +18,3 @@ SERIES_TESTS = Path(__file__).parent / "series"
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):
         extract_tests(Pin.load().patches_dir, SERIES_TESTS)
-
