@@ -28,6 +28,7 @@ through a file store, Ray is started with local resources on loopback.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import socket
 import time
@@ -476,26 +477,29 @@ def _ddp_rank(rank, world_size, store_file, loss_state, batches, out_dir):
         backend="gloo",
         timeout=PROCESS_TIMEOUT,
     )
-    try:
-        loss = make_loss(AuxPPOLoss)
-        loss.load_state_dict(loss_state)
-        ddp_loss = group.wrap(_LossForwarder(loss))
-        batch = batches[rank]
-        losses, _ = ddp_loss(batch)
-        loss_sum(losses).backward()
-        torch.save(
-            {
-                "grads": {name: p.grad for name, p in loss.named_parameters()},
-                "losses": losses.detach(),
-                "kept": batch.select(
-                    "critic_features", ("next", "critic_features")
-                ).detach(),
-                "kept_has_graph": batch["critic_features"].grad_fn is not None,
-            },
-            Path(out_dir) / f"rank{rank}.pt",
-        )
-    finally:
-        group.close()
+    loss = make_loss(AuxPPOLoss)
+    loss.load_state_dict(loss_state)
+    ddp_loss = group.wrap(_LossForwarder(loss))
+    batch = batches[rank]
+    losses, _ = ddp_loss(batch)
+    loss_sum(losses).backward()
+    torch.save(
+        {
+            "grads": {name: p.grad for name, p in loss.named_parameters()},
+            "losses": losses.detach(),
+            "kept": batch.select(
+                "critic_features", ("next", "critic_features")
+            ).detach(),
+            "kept_has_graph": batch["critic_features"].grad_fn is not None,
+        },
+        Path(out_dir) / f"rank{rank}.pt",
+    )
+    group.close()
+    # Leave without freeing the DDP wrapper: torch 2.13 frees its gloo process
+    # group holding the GIL and joins gloo's worker threads, and a worker that
+    # is still freeing the allreduce it ran waits for the GIL. On a busy machine
+    # (the Ray test in the other xdist worker) that deadlock hung this rank.
+    os._exit(0)
 
 
 def reference_grads(loss: ClipPPOLoss, batch: TensorDict):
