@@ -62,12 +62,9 @@ def test_readme_quotes_the_test_count():
     assert (
         len(quoted) == 1
     ), f"README.md must say {COUNT_SENTENCE.pattern!r} exactly once, found {quoted}"
-    # The README's command, collecting only. test/conftest.py re-extracts
-    # test/series/ at the start of a session; the session running this test
-    # has already done so, and a second extraction would delete the files
-    # under the tests running beside this one: --noconftest skips it.
+    # the README's command, collecting only
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--noconftest"],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q"],
         cwd=ROOT,
         capture_output=True,
         text=True,
