@@ -1,4 +1,4 @@
-"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin,tests,docs}``.
+"""Command line: ``python -m torchrl_fork {import,export,check,build,rebase,pin,docs}``.
 
 Every verb works on one base (``--base``, default ``fork``): ``fork`` is the
 torchrl release that the installable fork is built from, ``main`` the upstream
@@ -46,10 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     verbs.add_parser(
         "pin", parents=[base], help="pin the sha256 of every supported base wheel"
     )
-    tests = verbs.add_parser(
-        "tests", parents=[base], help="extract the series' test files into a folder"
-    )
-    tests.add_argument("dest", type=Path)
     verbs.add_parser(
         "docs", help="write the series' keep_keys docs section to docs/ (rst)"
     )
@@ -103,10 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         for outcome in outcomes:
             print(outcome)
         return int(any(o.status == CONFLICTS for o in outcomes))
-    elif args.verb == "tests":
-        from torchrl_fork.series import extract_tests
-
-        print(extract_tests(Pin.load(args.base).patches_dir, args.dest))
     elif args.verb == "docs":
         from torchrl_fork.docs import write_reference
 

@@ -243,12 +243,8 @@ def _first_difference(want: str | None, got: str | None) -> str:
     return "differs in length"
 
 
-def apply_part(
-    patch: Path, root: Path, include: str, exclude: Iterable[str] = ()
-) -> None:
+def apply_part(patch: Path, root: Path, include: str) -> None:
     """``git apply`` the paths of ``patch`` matching ``include`` onto the tree ``root``.
-
-    Paths in ``exclude`` are left out, whether or not they match ``include``.
 
     ``root`` need not be a repository; git treats it as the top of the tree,
     even when it lies inside one (a checkout's ``build/``, say).
@@ -261,7 +257,6 @@ def apply_part(
         [
             "git",
             "apply",
-            *(f"--exclude={path}" for path in exclude),
             f"--include={include}",
             str(patch),
         ],
@@ -272,22 +267,3 @@ def apply_part(
     )
     if result.returncode:
         raise SeriesError(f"{patch.name} does not apply: {result.stderr.strip()}")
-
-
-def extract_tests(patches_dir: Path, dest: Path) -> Path:
-    """Apply the test files that a series creates, in order, into ``dest``.
-
-    Its hunks in upstream's own test files are left out: those need the rest of
-    upstream's test tree (see ``test/test_upstream_tests.py``).
-    """
-    dest = dest.resolve()
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    patches = series_paths(patches_dir)
-    upstream_tests = [
-        path for path in upstream_paths(patches) if path.startswith("test/")
-    ]
-    for patch in patches:
-        apply_part(patch, dest, "test/*", exclude=upstream_tests)
-    return dest
