@@ -57,7 +57,8 @@ def test_series_tests_in_upstream_files(tmp_path):
             apply_part(patch, tmp_path, path)
         names.update(ADDED_TEST.findall(patch.read_text()))
     ids = [i for path in upstream_tests for i in added_test_ids(tmp_path, path, names)]
-    assert len(ids) >= len(names) > 20
+    missing = names - {i.rsplit("::", 1)[1] for i in ids}
+    assert len(names) > 20 and not missing, f"added tests not found: {sorted(missing)}"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ids],
         cwd=tmp_path,
