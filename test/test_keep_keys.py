@@ -815,6 +815,28 @@ def test_keep_keys_sub_tensordicts():
     assert {"qvalue_feat", ("next", "actor_feat")} <= _keys(data["offline"])
 
 
+def test_keep_keys_rows_of_a_lazy_stack():
+    # some rows of a lazy stack hold some of its members: other data, kept
+    # into those rows, while the loss keeps the whole batch into the stack
+    class RowsTD3(TD3Loss):
+        def actor_loss(self, td):
+            self.rows = td[:2]
+            super().actor_loss(self.rows)
+            return super().actor_loss(td)
+
+    torch.manual_seed(0)
+    loss = RowsTD3(
+        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
+    )
+    loss.set_keys(keep_keys=["actor_feat"])
+    stored = _transitions()
+    data = lazy_stack(list(stored.clone().unbind(0)))
+    loss(data)
+    expected = _direct(loss.actor_network, stored, loss.actor_network_params)
+    torch.testing.assert_close(loss.rows["actor_feat"], expected["actor_feat"][:2])
+    torch.testing.assert_close(data["actor_feat"], expected["actor_feat"])
+
+
 def test_keep_keys_modified_copy():
     # a copy whose observation is replaced (an augmentation) is other data: what
     # the actor computes on it stays there, never in the caller's input
@@ -860,6 +882,10 @@ def test_keep_keys_network_without_out_keys():
     _assert_same_entries(outputs[1], outputs[0])
     losses[1].set_keys(keep_keys=["obs"])
     with pytest.raises(ValueError, match="cannot keep 'obs'"):
+        losses[1](_ppo_data())
+    actor.out_keys = ["actor_feat"]  # not a TensorDictModuleBase: keeps nothing
+    losses[1].set_keys(keep_keys=["actor_feat"])
+    with pytest.raises(KeyError, match=r"cannot keep \['actor_feat'\]"):
         losses[1](_ppo_data())
 
 
