@@ -1,0 +1,31 @@
+"""With ``keep_keys`` off, the patched torchrl runs stock torchrl's aten ops.
+
+The same ops, in the same order, for each loss case of ``test_keep_keys.py``
+and each value estimator call path, against the digests that ``aten_ops.py``
+recorded on the stock wheel of the same version. Bitwise equal outputs are
+tested in ``test_keep_keys.py``; this catches a changed path that still gives
+equal values (an extra ``select``, one ``cat`` for two).
+"""
+from __future__ import annotations
+
+import json
+
+import aten_ops
+import pytest
+
+if not aten_ops.baseline_path().exists():
+    pytest.skip(
+        f"no recorded aten ops for {aten_ops.baseline_path().name}",
+        allow_module_level=True,
+    )
+BASELINE = json.loads(aten_ops.baseline_path().read_text())
+CALLS = aten_ops.calls()
+
+
+@pytest.mark.parametrize("case", sorted(BASELINE["cases"]))
+def test_keep_keys_off_runs_stock_aten_ops(case):
+    recorded = {key: BASELINE[key] for key in ("torch", "tensordict")}
+    if recorded != {key: aten_ops.versions()[key] for key in recorded}:
+        pytest.skip(f"recorded with {recorded}, not with what is installed")
+    assert case in CALLS, f"{case} was recorded but the suite no longer has it"
+    assert aten_ops.digest(CALLS[case]) == BASELINE["cases"][case]
