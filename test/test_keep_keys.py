@@ -837,6 +837,47 @@ def test_keep_keys_rows_of_a_lazy_stack():
     torch.testing.assert_close(data["actor_feat"], expected["actor_feat"])
 
 
+def test_keep_keys_reshape_of_all_rows():
+    # a reshape of all the rows is a copy: what a call on it keeps lands in the
+    # outer input, in its layout
+    class ReshapeTD3(TD3Loss):
+        def actor_loss(self, td):
+            return super().actor_loss(td.unflatten(0, (2, BATCH // 2)))
+
+    torch.manual_seed(0)
+    loss = ReshapeTD3(
+        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
+    )
+    loss.set_keys(keep_keys=["actor_feat"])
+    data = _transitions()
+    stored = data.clone()
+    loss(data)
+    expected = _direct(loss.actor_network, stored, loss.actor_network_params)
+    torch.testing.assert_close(data["actor_feat"], expected["actor_feat"])
+
+
+def test_keep_keys_other_rows_of_the_same_memory():
+    # rows of one buffer beside the input's own, as many: other data, although
+    # they view the same memory in the same layout
+    class SiblingTD3(TD3Loss):
+        def actor_loss(self, td):
+            super().actor_loss(self.sibling)
+            return super().actor_loss(td)
+
+    torch.manual_seed(0)
+    loss = SiblingTD3(
+        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
+    )
+    loss.set_keys(keep_keys=["actor_feat"])
+    buffer = _transitions(batch=2 * BATCH)
+    stored = buffer.clone()
+    data, loss.sibling = buffer[:BATCH], buffer[BATCH:]
+    loss(data)
+    expected = _direct(loss.actor_network, stored, loss.actor_network_params)
+    torch.testing.assert_close(data["actor_feat"], expected["actor_feat"][:BATCH])
+    torch.testing.assert_close(loss.sibling["actor_feat"], expected["actor_feat"][BATCH:])
+
+
 def test_keep_keys_modified_copy():
     # a copy whose observation is replaced (an augmentation) is other data: what
     # the actor computes on it stays there, never in the caller's input
