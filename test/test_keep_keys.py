@@ -790,6 +790,15 @@ def test_keep_keys_user_subclasses_as_upstream():
     assert loss.l2_loss() > 0
 
 
+def _td3_loss(loss_cls, *keep_keys):
+    """A TD3Loss (subclass) on split networks, keeping ``keep_keys``."""
+    torch.manual_seed(0)
+    actor, qvalue = _deterministic_actor(), _qvalue_network()
+    loss = loss_cls(actor, qvalue, action_spec=None, bounds=(-1.0, 1.0))
+    loss.set_keys(keep_keys=list(keep_keys))
+    return loss
+
+
 def test_keep_keys_sub_tensordicts():
     # a nested call on other data (sub-tensordicts, some rows) keeps into that
     # data, never into the outer input
@@ -800,11 +809,7 @@ def test_keep_keys_sub_tensordicts():
             self.actor_loss(td["online"][:2])
             return TensorDict(loss_actor=loss_actor, loss_qvalue=loss_value)
 
-    torch.manual_seed(0)
-    loss = SplitTD3(
-        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
-    )
-    loss.set_keys(keep_keys=["actor_feat", "qvalue_feat"])
+    loss = _td3_loss(SplitTD3, "actor_feat", "qvalue_feat")
     data = TensorDict(online=_transitions(), offline=_transitions(), batch_size=[BATCH])
     stored = data.clone()
     loss(data)
@@ -824,11 +829,7 @@ def test_keep_keys_rows_of_a_lazy_stack():
             super().actor_loss(self.rows)
             return super().actor_loss(td)
 
-    torch.manual_seed(0)
-    loss = RowsTD3(
-        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
-    )
-    loss.set_keys(keep_keys=["actor_feat"])
+    loss = _td3_loss(RowsTD3, "actor_feat")
     stored = _transitions()
     data = lazy_stack(list(stored.clone().unbind(0)))
     loss(data)
@@ -844,11 +845,7 @@ def test_keep_keys_reshape_of_all_rows():
         def actor_loss(self, td):
             return super().actor_loss(td.unflatten(0, (2, BATCH // 2)))
 
-    torch.manual_seed(0)
-    loss = ReshapeTD3(
-        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
-    )
-    loss.set_keys(keep_keys=["actor_feat"])
+    loss = _td3_loss(ReshapeTD3, "actor_feat")
     data = _transitions()
     stored = data.clone()
     loss(data)
@@ -864,18 +861,16 @@ def test_keep_keys_other_rows_of_the_same_memory():
             super().actor_loss(self.sibling)
             return super().actor_loss(td)
 
-    torch.manual_seed(0)
-    loss = SiblingTD3(
-        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
-    )
-    loss.set_keys(keep_keys=["actor_feat"])
+    loss = _td3_loss(SiblingTD3, "actor_feat")
     buffer = _transitions(batch=2 * BATCH)
     stored = buffer.clone()
     data, loss.sibling = buffer[:BATCH], buffer[BATCH:]
     loss(data)
     expected = _direct(loss.actor_network, stored, loss.actor_network_params)
     torch.testing.assert_close(data["actor_feat"], expected["actor_feat"][:BATCH])
-    torch.testing.assert_close(loss.sibling["actor_feat"], expected["actor_feat"][BATCH:])
+    torch.testing.assert_close(
+        loss.sibling["actor_feat"], expected["actor_feat"][BATCH:]
+    )
 
 
 def test_keep_keys_modified_copy():
@@ -886,11 +881,7 @@ def test_keep_keys_modified_copy():
             augmented = td.clone(False).set("obs", td["obs"] + 1)
             return super().actor_loss(augmented)
 
-    torch.manual_seed(0)
-    loss = AugmentedTD3(
-        _deterministic_actor(), _qvalue_network(), action_spec=None, bounds=(-1.0, 1.0)
-    )
-    loss.set_keys(keep_keys=["actor_feat", "qvalue_feat"])
+    loss = _td3_loss(AugmentedTD3, "actor_feat", "qvalue_feat")
     data = _transitions()
     stored = data.clone()
     loss(data)
