@@ -18,7 +18,6 @@ import pathlib
 import sys
 
 import torch
-from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -39,28 +38,23 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _version(*distributions: str) -> str:
+    """The version of the first of ``distributions`` that is installed."""
+    for distribution in distributions:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise importlib.metadata.PackageNotFoundError(distributions[0])
+
+
 def versions() -> dict:
     """The versions the ops depend on; the torchrl one without a local label."""
-    torchrl = importlib.metadata.version
-    names = ("torchrl", "torchrl-nightly")
-    found = [torchrl(name) for name in names if _installed(name)]
     return {
-        "torchrl": found[0].split("+")[0],
+        "torchrl": _version("torchrl", "torchrl-nightly").split("+")[0],
         "torch": torch.__version__,
-        "tensordict": importlib.metadata.version(_tensordict_distribution()),
+        "tensordict": _version("tensordict", "tensordict-nightly"),
     }
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _tensordict_distribution() -> str:
-    return "tensordict" if _installed("tensordict") else "tensordict-nightly"
 
 
 def baseline_path() -> pathlib.Path:
@@ -75,13 +69,7 @@ def _loss_call(make_case):
 
 
 def _estimator_call(name, path, functional):
-    torch.manual_seed(0)
-    value_net, data = suite._value_network(), suite._rollout()
-    if name == "MultiAgentGAE":  # 3 agents, as the suite's estimator test has them
-        obs = torch.randn(2, suite.BATCH, suite.TIME, 3, suite.OBS_DIM)
-        data["obs"], data["next", "obs"] = obs.unbind(0)
-    params = TensorDict.from_module(value_net) if functional else None
-    kwargs = {"params": params, "target_params": params.detach()} if functional else {}
+    value_net, data, kwargs = suite._estimator_inputs(name, functional)
     estimator = suite._estimator(name, value_net, None, **suite.PATHS[path])
     return functools.partial(estimator, data, **kwargs)
 
@@ -94,11 +82,9 @@ def calls() -> dict:
     }
     for name in suite.ESTIMATORS:
         for path in suite.PATHS:
-            if (name, path) in {("VTrace", "deactivate_vmap")}:
-                continue  # VTrace has no such option
             for functional in (False, True):
-                if functional and path.startswith("shifted"):
-                    continue  # shifted=True refuses distinct next params
+                if suite._unsupported_path(name, path, functional):
+                    continue
                 case = f"estimator/{name}/{path}" + "/functional" * functional
                 cases[case] = functools.partial(_estimator_call, name, path, functional)
     return cases

@@ -228,6 +228,31 @@ def _estimator(name="GAE", value_network=None, keep_keys=None, **kwargs):
     return estimator
 
 
+def _unsupported_path(name, path, functional):
+    """Why the estimator ``name`` has no call path ``path`` (``PATHS``), if so."""
+    if functional and path.startswith("shifted"):
+        return "shifted=True refuses distinct params and next params"
+    if name == "VTrace" and path == "deactivate_vmap":
+        return "VTrace has no deactivate_vmap option"
+    return None
+
+
+def _estimator_inputs(name, functional, device="cpu", grad=False):
+    """A seeded value network, a rollout (of 3 agents for MultiAgentGAE) with
+    observations that require grad if ``grad``, and the call's keyword arguments
+    (the network's parameters if ``functional``)."""
+    torch.manual_seed(0)
+    value_net = _value_network().to(device)
+    data = _rollout(device=device)
+    data["obs"].requires_grad_(grad)
+    if name == "MultiAgentGAE":
+        obs = torch.randn(2, BATCH, TIME, 3, OBS_DIM, device=device)
+        data["obs"], data["next", "obs"] = obs.requires_grad_(grad).unbind(0)
+    params = TensorDict.from_module(value_net) if functional else None
+    kwargs = {"params": params, "target_params": params.detach()} if functional else {}
+    return value_net, data, kwargs
+
+
 def _nested_value_net():
     # an extractor, then a layer whose output sits under "critic", then the head
     head = _linear_module(("critic", "hidden"), "state_value", FEAT_DIM, 1)
@@ -341,22 +366,12 @@ def test_estimator_keep_keys_matches_direct_call(
     # on every path the estimator keeps what a direct call of the value network
     # writes, with the value's graph, runs the
     # network as often as with keep_keys off and changes nothing else
-    if functional and path.startswith("shifted"):
-        pytest.skip("shifted=True refuses distinct params and next params")
-    if name == "VTrace" and path == "deactivate_vmap":
-        pytest.skip("VTrace has no deactivate_vmap option")
+    if reason := _unsupported_path(name, path, functional):
+        pytest.skip(reason)
     if name == "MultiAgentGAE" and path.startswith("shifted"):
         pytest.skip("upstream's shifted call runs on other observations (0.14.1)")
-    torch.manual_seed(0)
-    value_net = _value_network().to(device)
-    data = _rollout(device=device)
-    data["obs"].requires_grad_()
-    if name == "MultiAgentGAE":  # 3 agents
-        obs = torch.randn(2, BATCH, TIME, 3, OBS_DIM, device=device)
-        data["obs"], data["next", "obs"] = obs.requires_grad_().unbind(0)
+    value_net, data, kwargs = _estimator_inputs(name, functional, device, grad=True)
     reference = data.clone()
-    params = TensorDict.from_module(value_net) if functional else None
-    kwargs = {"params": params, "target_params": params.detach()} if functional else {}
     calls, options = [], {"differentiable": grad, **PATHS[path]}
     for keep, td in ((keep_keys, data), (None, reference)):
         estimator = _estimator(name, value_net, keep, **options)
@@ -365,7 +380,7 @@ def test_estimator_keep_keys_matches_direct_call(
         calls.append(counter["calls"])
     assert calls[0] == calls[1]
     _assert_same_entries(data.exclude("hidden", ("next", "hidden")), reference)
-    _assert_kept(data, reference, value_net, params)
+    _assert_kept(data, reference, value_net, kwargs.get("params"))
     keys = ["hidden", "state_value", ("next", "hidden")]
     assert [data[key].requires_grad for key in keys] == [grad, grad, False]
 
