@@ -854,18 +854,21 @@ def test_keep_keys_rows_of_a_lazy_stack():
 
 
 def test_keep_keys_reshape_of_all_rows():
-    # a reshape of all the rows is a copy: what a call on it keeps lands in the
-    # outer input, in its layout
+    # a reshape holds views, not the very tensors: other data, which keeps what
+    # a call on it computes (a loss that reshapes lays it out itself)
     class ReshapeTD3(TD3Loss):
         def actor_loss(self, td):
-            return super().actor_loss(td.unflatten(0, (2, BATCH // 2)))
+            self.reshaped = td.unflatten(0, (2, BATCH // 2))
+            return super().actor_loss(self.reshaped)
 
     loss = _td3_loss(ReshapeTD3, "actor_feat")
     data = _transitions()
     stored = data.clone()
     loss(data)
+    assert "actor_feat" not in data.keys()
     expected = _direct(loss.actor_network, stored, loss.actor_network_params)
-    torch.testing.assert_close(data["actor_feat"], expected["actor_feat"])
+    kept = loss.reshaped["actor_feat"].flatten(0, 1)
+    torch.testing.assert_close(kept, expected["actor_feat"])
 
 
 def test_keep_keys_other_rows_of_the_same_memory():
@@ -886,6 +889,21 @@ def test_keep_keys_other_rows_of_the_same_memory():
     torch.testing.assert_close(
         loss.sibling["actor_feat"], expected["actor_feat"][BATCH:]
     )
+
+
+def test_keep_keys_transpose_of_a_lazy_stack():
+    # a transpose of a lazy stack holds its members in another layout: other
+    # data, whose entries land in those members, each in its own rows
+    class TransposeTD3(TD3Loss):
+        def actor_loss(self, td):
+            return super().actor_loss(td.transpose(0, 1))
+
+    loss = _td3_loss(TransposeTD3, "actor_feat")
+    stored = _transitions(batch=2 * BATCH).reshape(2, BATCH)
+    data = lazy_stack(list(stored.clone().unbind(0)))
+    loss(data)
+    expected = _direct(loss.actor_network, stored, loss.actor_network_params)
+    torch.testing.assert_close(data["actor_feat"], expected["actor_feat"])
 
 
 def test_keep_keys_modified_copy():
