@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import pathlib
 import sys
 
+import tensordict
 import torch
+import torchrl
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -38,22 +39,16 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _version(*distributions: str) -> str:
-    """The version of the first of ``distributions`` that is installed."""
-    for distribution in distributions:
-        try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    raise importlib.metadata.PackageNotFoundError(distributions[0])
-
-
 def versions() -> dict:
-    """The versions the ops depend on; the torchrl one without a local label."""
+    """The versions the ops depend on; the torchrl one without a local label.
+
+    The packages' own ``__version__``, which each reads from its distribution,
+    the nightly's included.
+    """
     return {
-        "torchrl": _version("torchrl", "torchrl-nightly").split("+")[0],
+        "torchrl": torchrl.__version__.split("+")[0],
         "torch": torch.__version__,
-        "tensordict": _version("tensordict", "tensordict-nightly"),
+        "tensordict": tensordict.__version__,
     }
 
 
@@ -107,9 +102,9 @@ def main() -> None:
         except Exception as error:  # a case stock cannot run is not compared
             print(f"{name}: not recorded ({type(error).__name__}: {error})")
     BASELINES.mkdir(parents=True, exist_ok=True)
-    baseline = {**versions(), "cases": recorded}
-    baseline_path().write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
-    print(f"{len(recorded)} cases -> {baseline_path()}")
+    baseline, path = {**versions(), "cases": recorded}, baseline_path()
+    path.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
+    print(f"{len(recorded)} cases -> {path}")
 
 
 if __name__ == "__main__":

@@ -13,14 +13,15 @@ import json
 import aten_ops
 import pytest
 
-if not aten_ops.baseline_path().exists():
+BASELINE_PATH = aten_ops.baseline_path()
+if not BASELINE_PATH.exists():
     pytest.skip(
-        f"no recorded aten ops for {aten_ops.baseline_path().name}",
-        allow_module_level=True,
+        f"no recorded aten ops for {BASELINE_PATH.name}", allow_module_level=True
     )
-BASELINE = json.loads(aten_ops.baseline_path().read_text())
+BASELINE = json.loads(BASELINE_PATH.read_text())
+VERSIONS = aten_ops.versions()
 RECORDED_WITH = {key: BASELINE[key] for key in ("torch", "tensordict")}
-INSTALLED = {key: aten_ops.versions()[key] for key in RECORDED_WITH}
+INSTALLED = {key: VERSIONS[key] for key in RECORDED_WITH}
 CALLS = aten_ops.calls()
 
 
